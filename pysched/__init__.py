@@ -1,0 +1,1 @@
+"""pysched: a distributed job scheduler for Python."""

@@ -1,0 +1,29 @@
+"""The record a leader hands to the dispatch path, shared by both codecs."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class RecordError(ValueError):
+    """A dispatch payload that cannot be encoded or decoded."""
+
+
+class DispatchRecord(NamedTuple):
+    """One due run as it travels from a partition leader to a worker."""
+
+    run_id: int
+    job_id: str
+    run_at_ms: int
+    due_ms: int
+    partition: int
+    attempt: int
+    attempt_group: int
+    fence: int
+    dispatched_at_ms: int
+
+    @property
+    def idempotency_key(self) -> str:
+        """`{job_id}:{scheduled_run_at}:{attempt_group}`: the same for every
+        delivery of this run, so a duplicate delivery is recognised."""
+        return f"{self.job_id}:{self.run_at_ms}:{self.attempt_group}"
