@@ -1,0 +1,1 @@
+"""Idempotency claims: sqlite (conditional insert)."""

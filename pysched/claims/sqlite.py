@@ -1,0 +1,69 @@
+"""Idempotency claims on the embedded database: a conditional insert keyed by
+the run's idempotency key, behind a fence check, in one transaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pysched.protocols import Claim, ClaimOutcome
+from pysched.records import DispatchRecord
+from pysched.stores.sqlite_db import SQLiteDatabase
+
+
+class SQLiteClaims:
+    def __init__(self, db: SQLiteDatabase | str | Path) -> None:
+        self.db = db if isinstance(db, SQLiteDatabase) else SQLiteDatabase(db)
+
+    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
+        key = record.idempotency_key
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT fence FROM fences WHERE partition = ?", (record.partition,)).fetchone()
+            floor = 0 if row is None else int(row[0])
+            if record.fence < floor:
+                # stale leader: reject
+                return Claim(ClaimOutcome.FENCED, fence_floor=floor)
+            if record.fence > floor:
+                conn.execute(
+                    "INSERT INTO fences (partition, fence) VALUES (?, ?)"
+                    " ON CONFLICT (partition) DO UPDATE SET fence = max(fence, excluded.fence)",
+                    (record.partition, record.fence),
+                )
+            existing = conn.execute(
+                "SELECT state, lease_expires_ms, result FROM claims WHERE idem_key = ?", (key,)
+            ).fetchone()
+            if existing is None:
+                conn.execute(
+                    "INSERT INTO claims (idem_key, run_id, state, holder, fence, lease_expires_ms, updated_at_ms)"
+                    " VALUES (?, ?, 'running', ?, ?, ?, ?)",
+                    (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms),
+                )
+                return Claim(ClaimOutcome.CLAIMED, fence_floor=max(floor, record.fence))
+            state, lease_expires_ms, result = existing
+            if state == "succeeded":
+                # done before: replay
+                return Claim(ClaimOutcome.SUCCEEDED, result=result, fence_floor=max(floor, record.fence))
+            if state == "running" and lease_expires_ms > now_ms:
+                # live holder: back off
+                return Claim(ClaimOutcome.BUSY, fence_floor=max(floor, record.fence))
+            # dead lease, or failed before: take over
+            conn.execute(
+                "UPDATE claims SET state = 'running', holder = ?, fence = ?, lease_expires_ms = ?,"
+                " updated_at_ms = ? WHERE idem_key = ?",
+                (holder, record.fence, now_ms + lease_ms, now_ms, key),
+            )
+            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=max(floor, record.fence))
+
+    def heartbeat(self, holder: str, now_ms: int, lease_ms: int) -> int:
+        with self.db.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE claims SET lease_expires_ms = ?, updated_at_ms = ? WHERE holder = ? AND state = 'running'",
+                (now_ms + lease_ms, now_ms, holder),
+            )
+            return cur.rowcount
+
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "UPDATE claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ? AND holder = ?",
+                ("succeeded" if succeeded else "failed", result, now_ms, key, holder),
+            )

@@ -1,0 +1,98 @@
+"""What the command groups share: the --db option, time formatting, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from typing import Annotated, Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+
+from pysched.protocols import JobRecord, RunRecord
+from pysched.stores.sqlite import SQLiteScheduleStore
+
+DbOption = Annotated[
+    str,
+    typer.Option("--db", envvar="PYSCHED_DB", help="SQLite database of the embedded scheduler."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+DEFAULT_DB = "pysched.db"
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def fail_validation(exc: ValidationError) -> NoReturn:
+    """Name the field: 'schedule.expr: Bad minute ...'."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if p not in ("cron", "once", "shell", "python", "http"))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if msg.startswith("expr: "):
+            loc, msg = f"{loc}.expr" if loc else "expr", msg.removeprefix("expr: ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    fail("; ".join(lines))
+
+
+def open_store(db: str) -> SQLiteScheduleStore:
+    try:
+        return SQLiteScheduleStore(db)
+    except OSError as exc:
+        fail(str(exc))
+
+
+def iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+
+
+def echo_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2))
+
+
+def job_json(rec: JobRecord) -> dict[str, Any]:
+    return {
+        "id": rec.job.id,
+        "state": rec.state,
+        "schedule": rec.job.schedule.model_dump(),
+        "target": rec.job.target.model_dump(),
+        "payload": rec.job.payload,
+        "critical": rec.job.critical,
+        "jitter_ms": rec.jitter_ms,
+        "partition": rec.partition,
+        "created_at": iso(rec.created_at_ms),
+        "next_run_at": iso(rec.next_run.run_at_ms) if rec.next_run else None,
+        "next_due_at": iso(rec.next_run.due_ms) if rec.next_run else None,
+    }
+
+
+def run_json(run: RunRecord) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "state": run.state,
+        "run_at": iso(run.run_at_ms),
+        "due_at": iso(run.due_ms),
+        "dispatched_at": iso(run.dispatched_at_ms),
+        "started_at": iso(run.started_at_ms),
+        "ended_at": iso(run.ended_at_ms),
+        # How late the run left the scheduler against its (jittered) target.
+        "fire_lag_ms": None if run.dispatched_at_ms is None else run.dispatched_at_ms - run.due_ms,
+        "start_lag_ms": None if run.started_at_ms is None else run.started_at_ms - run.due_ms,
+        "duration_ms": None
+        if run.started_at_ms is None or run.ended_at_ms is None
+        else run.ended_at_ms - run.started_at_ms,
+        "attempt": run.attempt,
+        "fence": run.fence,
+        "worker": run.worker,
+        "error": run.error,
+        "result": run.result,
+    }
+
+
+def db_default() -> str:
+    return os.environ.get("PYSCHED_DB", DEFAULT_DB)

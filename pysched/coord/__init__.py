@@ -1,0 +1,1 @@
+"""Coordinators: local (a SQLite lease row with a term counter)."""

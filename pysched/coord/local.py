@@ -1,0 +1,82 @@
+"""The embedded coordinator: one lease row with a term counter.
+
+A node that finds the lease free or expired takes it with the term plus one;
+the term is the fence. In the same transaction it raises every partition's
+fence floor, so a worker rejects whatever the previous holder still sends
+from the moment the new term exists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pysched.protocols import Lease
+from pysched.stores.sqlite_db import SQLiteDatabase
+
+LEASE_NAME = "scheduler"
+
+
+class SQLiteLeaseCoordinator:
+    def __init__(self, db: SQLiteDatabase | str | Path, partitions: int, ttl_ms: int = 5_000) -> None:
+        self.db = db if isinstance(db, SQLiteDatabase) else SQLiteDatabase(db)
+        self.partitions = partitions
+        self.ttl_ms = ttl_ms
+
+    def acquire(self, holder: str, now_ms: int) -> Lease | None:
+        with self.db.transaction() as conn:
+            row = conn.execute(
+                "SELECT holder, term, expires_at_ms FROM leases WHERE name = ?", (LEASE_NAME,)
+            ).fetchone()
+            if row is None:
+                term = 1
+            else:
+                current_holder, term, expires_at_ms = row
+                if current_holder == holder and expires_at_ms > now_ms:
+                    # our live lease: renew in place
+                    conn.execute(
+                        "UPDATE leases SET expires_at_ms = ? WHERE name = ?", (now_ms + self.ttl_ms, LEASE_NAME)
+                    )
+                    return Lease(holder, int(term), now_ms + self.ttl_ms)
+                if expires_at_ms > now_ms:
+                    # another live holder: wait
+                    return None
+                term = int(term) + 1
+            conn.execute(
+                "INSERT INTO leases (name, holder, term, expires_at_ms) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, term = excluded.term,"
+                " expires_at_ms = excluded.expires_at_ms",
+                (LEASE_NAME, holder, term, now_ms + self.ttl_ms),
+            )
+            conn.executemany(
+                "INSERT INTO fences (partition, fence) VALUES (?, ?)"
+                " ON CONFLICT (partition) DO UPDATE SET fence = max(fence, excluded.fence)",
+                [(p, term) for p in range(self.partitions)],
+            )
+            return Lease(holder, term, now_ms + self.ttl_ms)
+
+    def renew(self, lease: Lease, now_ms: int) -> Lease | None:
+        # Renewal succeeds while nobody has started a newer term, even past
+        # expiry: no one else can have led in between.
+        with self.db.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE leases SET expires_at_ms = ? WHERE name = ? AND holder = ? AND term = ?",
+                (now_ms + self.ttl_ms, LEASE_NAME, lease.holder, lease.fence),
+            )
+            if cur.rowcount != 1:
+                return None
+        return Lease(lease.holder, lease.fence, now_ms + self.ttl_ms)
+
+    def release(self, lease: Lease) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "UPDATE leases SET expires_at_ms = 0 WHERE name = ? AND holder = ? AND term = ?",
+                (LEASE_NAME, lease.holder, lease.fence),
+            )
+
+    def current(self) -> Lease | None:
+        row = (
+            self.db.connection()
+            .execute("SELECT holder, term, expires_at_ms FROM leases WHERE name = ?", (LEASE_NAME,))
+            .fetchone()
+        )
+        return None if row is None else Lease(str(row[0]), int(row[1]), int(row[2]))

@@ -1,0 +1,1 @@
+"""Dispatchers: inprocess (a queue inside the node)."""

@@ -1,0 +1,112 @@
+"""What a job is, validated on the way in.
+
+A job is stored as its JSON form; the store never interprets the target or
+the policies, only the schedule-derived run times the scheduler plans.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pysched import cron
+
+# No ':' in an id: it separates the parts of the idempotency key.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+DEFAULT_JITTER_WINDOW_S = 60.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CronSchedule(_Strict):
+    kind: Literal["cron"] = "cron"
+    expr: str
+    tz: str = "UTC"
+
+    @field_validator("tz")
+    @classmethod
+    def _known_zone(cls, tz: str) -> str:
+        cron.zone(tz)
+        return tz
+
+    @model_validator(mode="after")
+    def _valid_expr(self) -> CronSchedule:
+        try:
+            cron.validate(self.expr, self.tz)
+        except cron.CronError as exc:
+            # Raised from a model validator so the message names the field.
+            raise ValueError(f"expr: {exc}") from None
+        return self
+
+
+class OnceSchedule(_Strict):
+    kind: Literal["once"] = "once"
+    run_at_ms: int = Field(ge=0)
+
+
+Schedule = Annotated[CronSchedule | OnceSchedule, Field(discriminator="kind")]
+
+
+class ShellTarget(_Strict):
+    kind: Literal["shell"] = "shell"
+    command: str = Field(min_length=1)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class PythonTarget(_Strict):
+    kind: Literal["python"] = "python"
+    ref: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="module:function")
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class HttpTarget(_Strict):
+    kind: Literal["http"] = "http"
+    url: str
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    timeout_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        return url
+
+
+Target = Annotated[ShellTarget | PythonTarget | HttpTarget, Field(discriminator="kind")]
+
+
+class Job(_Strict):
+    id: str = Field(pattern=JOB_ID_PATTERN)
+    schedule: Schedule
+    target: Target
+    payload: dict[str, Any] = Field(default_factory=dict)
+    # None: 60 s for a recurring job, none for a one-shot; ignored when critical.
+    jitter_window_s: float | None = Field(default=None, ge=0, le=3600)
+    critical: bool = False
+    # What happens to runs missed while no scheduler was up; only the default
+    # exists so far: one catch-up run, then the schedule resumes from now.
+    catch_up: Literal["run_once"] = "run_once"
+
+    def jitter_window_ms(self, period_ms: int | None) -> int:
+        """The window this job's runs spread over, capped by its period so
+        that jitter never reorders a job's own runs."""
+        if self.critical:
+            return 0
+        window_s = self.jitter_window_s
+        if window_s is None:
+            window_s = DEFAULT_JITTER_WINDOW_S if isinstance(self.schedule, CronSchedule) else 0.0
+        window = round(window_s * 1000)
+        if period_ms is not None:
+            window = min(window, period_ms)
+        return max(window, 0)
+
+
+def job_id_is_valid(job_id: str) -> bool:
+    return re.fullmatch(JOB_ID_PATTERN, job_id) is not None

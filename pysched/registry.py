@@ -1,0 +1,21 @@
+"""Registering, rescheduling and cancelling jobs: planning plus one store call,
+so a job is acknowledged only once its first run is committed."""
+
+from __future__ import annotations
+
+from pysched.model import Job
+from pysched.planning import DEFAULT_PARTITIONS, first_run, jitter_for, partition_for
+from pysched.model import CronSchedule, OnceSchedule
+from pysched.protocols import JobRecord, ScheduleStore
+
+
+def register(store: ScheduleStore, job: Job, now_ms: int, partitions: int = DEFAULT_PARTITIONS) -> JobRecord:
+    jitter_ms = jitter_for(job, now_ms)
+    return store.add_job(job, partition_for(job.id, partitions), jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)
+
+
+def reschedule(store: ScheduleStore, job_id: str, schedule: CronSchedule | OnceSchedule, now_ms: int) -> JobRecord:
+    current = store.get_job(job_id).job
+    job = Job.model_validate({**current.model_dump(), "schedule": schedule.model_dump()})
+    jitter_ms = jitter_for(job, now_ms)
+    return store.reschedule(job, jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)

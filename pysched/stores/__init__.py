@@ -1,0 +1,1 @@
+"""Schedule stores: sqlite (embedded default)."""

@@ -1,0 +1,271 @@
+"""The embedded schedule store: SQLite in WAL mode."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+from pysched.model import Job
+from pysched.protocols import (
+    Dispatched,
+    DispatchRow,
+    DueRow,
+    JobExists,
+    JobNotActive,
+    JobNotFound,
+    JobRecord,
+    PlanNext,
+    PlannedRun,
+    RunRecord,
+)
+from pysched.stores.sqlite_db import SQLiteDatabase
+
+# Runs a leader holding :fence at :now must hand on. A run dispatched under an
+# older fence was in a queue that died with its leader; a running run whose
+# worker lease expired was lost with its worker.
+_ELIGIBLE = """(
+    runs.state = 'scheduled'
+    OR (runs.state = 'dispatched' AND runs.fence < :fence)
+    OR (runs.state = 'running' AND EXISTS (
+        SELECT 1 FROM claims c WHERE c.run_id = runs.run_id
+        AND c.state = 'running' AND c.lease_expires_ms < :now))
+)"""
+
+_RUN_COLUMNS = (
+    "run_id, job_id, run_at_ms, due_ms, state, attempt, fence, dispatched_at_ms,"
+    " started_at_ms, ended_at_ms, worker, error, result"
+)
+# SQLite allows 32766 bound parameters; leave room for the named ones.
+_CHUNK = 10_000
+
+
+class SQLiteScheduleStore:
+    def __init__(self, db: SQLiteDatabase | str | Path) -> None:
+        self.db = db if isinstance(db, SQLiteDatabase) else SQLiteDatabase(db)
+
+    # -- registration ---------------------------------------------------------
+
+    def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
+        with self.db.transaction() as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (job.id, job.model_dump_json(), "active" if first else "completed", partition, jitter_ms, now_ms,
+                     now_ms),
+                )
+            except sqlite3.IntegrityError:
+                raise JobExists(f"job {job.id!r} already exists") from None
+            if first is not None:
+                self._insert_run(conn, job.id, partition, first)
+            self._bump(conn)
+        return self.get_job(job.id)
+
+    def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT state, partition FROM jobs WHERE job_id = ?", (job.id,)).fetchone()
+            if row is None:
+                raise JobNotFound(f"no job {job.id!r}")
+            if row[0] != "active":
+                raise JobNotActive(f"job {job.id!r} is {row[0]}")
+            conn.execute(
+                "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND state = 'scheduled'",
+                (now_ms, job.id),
+            )
+            conn.execute(
+                "UPDATE jobs SET spec = ?, jitter_ms = ?, state = ?, updated_at_ms = ? WHERE job_id = ?",
+                (job.model_dump_json(), jitter_ms, "active" if first else "completed", now_ms, job.id),
+            )
+            if first is not None:
+                # A run at the same run_at as a cancelled one revives it.
+                conn.execute(
+                    "INSERT INTO runs (job_id, run_at_ms, due_ms, partition, state) VALUES (?, ?, ?, ?, 'scheduled')"
+                    " ON CONFLICT (job_id, run_at_ms, attempt_group) DO UPDATE SET state = 'scheduled',"
+                    " due_ms = excluded.due_ms, ended_at_ms = NULL WHERE runs.state = 'cancelled'",
+                    (job.id, first.run_at_ms, first.due_ms, row[1]),
+                )
+            self._bump(conn)
+        return self.get_job(job.id)
+
+    def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            if row[0] == "cancelled":
+                raise JobNotActive(f"job {job_id!r} is already cancelled")
+            conn.execute(
+                "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND state = 'scheduled'",
+                (now_ms, job_id),
+            )
+            conn.execute(
+                "UPDATE jobs SET state = 'cancelled', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id)
+            )
+            self._bump(conn)
+        return self.get_job(job_id)
+
+    # -- reading --------------------------------------------------------------
+
+    def get_job(self, job_id: str) -> JobRecord:
+        row = (
+            self.db.connection()
+            .execute(
+                "SELECT spec, state, partition, jitter_ms, created_at_ms FROM jobs WHERE job_id = ?", (job_id,)
+            )
+            .fetchone()
+        )
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return self._job_record(job_id, row)
+
+    def list_jobs(self) -> list[JobRecord]:
+        rows = (
+            self.db.connection()
+            .execute("SELECT job_id, spec, state, partition, jitter_ms, created_at_ms FROM jobs ORDER BY job_id")
+            .fetchall()
+        )
+        return [self._job_record(r[0], r[1:]) for r in rows]
+
+    def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:
+        self.get_job(job_id)
+        rows = (
+            self.db.connection()
+            .execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE job_id = ? AND state != 'scheduled'"
+                " ORDER BY run_at_ms DESC, run_id DESC LIMIT ?",
+                (job_id, limit),
+            )
+            .fetchall()
+        )
+        return [RunRecord(*r) for r in rows]
+
+    def change_token(self) -> int:
+        row = self.db.connection().execute("SELECT value FROM meta WHERE key = 'schedule_version'").fetchone()
+        return 0 if row is None else int(row[0])
+
+    def watermarks(self) -> dict[int, int]:
+        rows = self.db.connection().execute("SELECT partition, fired_through_ms FROM watermarks").fetchall()
+        return {int(p): int(t) for p, t in rows}
+
+    # -- the leader's side ----------------------------------------------------
+
+    def due_runs(self, horizon_ms: int, fence: int, now_ms: int) -> list[DueRow]:
+        rows = (
+            self.db.connection()
+            .execute(
+                f"SELECT run_id, due_ms FROM runs WHERE due_ms < :horizon AND {_ELIGIBLE} ORDER BY due_ms, run_id",
+                {"horizon": horizon_ms, "fence": fence, "now": now_ms},
+            )
+            .fetchall()
+        )
+        return [(int(r), int(d)) for r, d in rows]
+
+    def dispatch(self, run_ids: Sequence[int], fence: int, now_ms: int, plan_next: PlanNext) -> Dispatched:
+        rows: list[DispatchRow] = []
+        next_runs: list[DueRow] = []
+        with self.db.transaction() as conn:
+            for start in range(0, len(run_ids), _CHUNK):
+                chunk = [int(r) for r in run_ids[start : start + _CHUNK]]
+                marks = ",".join("?" * len(chunk))
+                rows.extend(
+                    conn.execute(
+                        f"UPDATE runs SET state = 'dispatched', fence = ?, dispatched_at_ms = ?, attempt = attempt + 1"
+                        f" WHERE run_id IN ({marks}) AND"
+                        f" {_ELIGIBLE.replace(':fence', '?').replace(':now', '?')}"
+                        " RETURNING run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group",
+                        [fence, now_ms, *chunk, fence, now_ms],
+                    ).fetchall()
+                )
+            rows.sort(key=lambda r: (r[3], r[0]))
+            jobs: dict[str, tuple[Job, str, int, int]] = {}
+            for _, job_id, run_at_ms, _, _, _, _ in rows:
+                if job_id not in jobs:
+                    spec, state, partition, jitter_ms = conn.execute(
+                        "SELECT spec, state, partition, jitter_ms FROM jobs WHERE job_id = ?", (job_id,)
+                    ).fetchone()
+                    jobs[job_id] = (Job.model_validate_json(spec), state, partition, jitter_ms)
+                job, state, partition, jitter_ms = jobs[job_id]
+                if state != "active":
+                    continue
+                later = conn.execute(
+                    "SELECT 1 FROM runs WHERE job_id = ? AND run_at_ms > ? AND attempt_group = 0 LIMIT 1",
+                    (job_id, run_at_ms),
+                ).fetchone()
+                if later is not None:
+                    continue  # a re-dispatch: the next run was planned the first time
+                planned = plan_next(job, jitter_ms, run_at_ms, now_ms)
+                if planned is None:
+                    conn.execute(
+                        "UPDATE jobs SET state = 'completed', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id)
+                    )
+                    jobs[job_id] = (job, "completed", partition, jitter_ms)
+                    continue
+                run_id = self._insert_run(conn, job_id, partition, planned)
+                if run_id is not None:
+                    next_runs.append((run_id, planned.due_ms))
+            marks_by_partition: dict[int, int] = {}
+            for r in rows:
+                marks_by_partition[r[4]] = max(marks_by_partition.get(r[4], r[3]), r[3])
+            conn.executemany(
+                "INSERT INTO watermarks (partition, fired_through_ms) VALUES (?, ?) ON CONFLICT (partition)"
+                " DO UPDATE SET fired_through_ms = max(fired_through_ms, excluded.fired_through_ms)",
+                marks_by_partition.items(),
+            )
+        return Dispatched(rows=rows, next_runs=next_runs)
+
+    # -- the worker's side ----------------------------------------------------
+
+    def run_started(self, run_id: int, attempt: int, worker: str, now_ms: int) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = max(attempt, ?),"
+                " error = NULL WHERE run_id = ?",
+                (now_ms, worker, attempt, run_id),
+            )
+
+    def run_finished(
+        self, run_id: int, attempt: int, succeeded: bool, error: str | None, result: str | None, now_ms: int
+    ) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "UPDATE runs SET state = ?, ended_at_ms = ?, error = ?, result = ? WHERE run_id = ?",
+                ("succeeded" if succeeded else "failed", now_ms, error, result, run_id),
+            )
+
+    # -- helpers --------------------------------------------------------------
+
+    @staticmethod
+    def _insert_run(conn: sqlite3.Connection, job_id: str, partition: int, run: PlannedRun) -> int | None:
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO runs (job_id, run_at_ms, due_ms, partition, state) VALUES (?, ?, ?, ?, 'scheduled')",
+            (job_id, run.run_at_ms, run.due_ms, partition),
+        )
+        return cur.lastrowid if cur.rowcount == 1 else None
+
+    @staticmethod
+    def _bump(conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schedule_version', 1)"
+            " ON CONFLICT (key) DO UPDATE SET value = value + 1"
+        )
+
+    def _job_record(self, job_id: str, row: Sequence[object]) -> JobRecord:
+        spec, state, partition, jitter_ms, created_at_ms = row
+        nxt = (
+            self.db.connection()
+            .execute(
+                "SELECT run_at_ms, due_ms FROM runs WHERE job_id = ? AND state = 'scheduled'"
+                " ORDER BY run_at_ms LIMIT 1",
+                (job_id,),
+            )
+            .fetchone()
+        )
+        return JobRecord(
+            job=Job.model_validate_json(str(spec)),
+            state=str(state),
+            partition=int(str(partition)),
+            jitter_ms=int(str(jitter_ms)),
+            created_at_ms=int(str(created_at_ms)),
+            next_run=PlannedRun(int(nxt[0]), int(nxt[1])) if nxt else None,
+        )
