@@ -78,7 +78,8 @@ class PartitionLeader:
                 if not waiting_logged:
                     current = self.coordinator.current()
                     log.info(
-                        "standby: %s leads with fence %s", current.holder if current else "?",
+                        "standby: %s leads with fence %s",
+                        current.holder if current else "?",
                         current.fence if current else "?",
                     )
                     waiting_logged = True

@@ -35,7 +35,9 @@ class EmbeddedBackends:
     dispatcher: InProcessDispatcher
 
 
-def open_embedded(path: str | Path, partitions: int = DEFAULT_PARTITIONS, lease_ttl_ms: int = 5_000) -> EmbeddedBackends:
+def open_embedded(
+    path: str | Path, partitions: int = DEFAULT_PARTITIONS, lease_ttl_ms: int = 5_000
+) -> EmbeddedBackends:
     db = SQLiteDatabase(path)
     return EmbeddedBackends(
         db=db,
@@ -62,7 +64,12 @@ class EmbeddedNode:
         self.clock = clock or SystemClock()
         self.holder = holder or node_id()
         self.leader = PartitionLeader(
-            backends.store, backends.coordinator, backends.dispatcher, self.clock, self.holder, leader_config,
+            backends.store,
+            backends.coordinator,
+            backends.dispatcher,
+            self.clock,
+            self.holder,
+            leader_config,
             on_dispatch,
         )
         self.workers = WorkerPool(

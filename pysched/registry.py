@@ -3,9 +3,8 @@ so a job is acknowledged only once its first run is committed."""
 
 from __future__ import annotations
 
-from pysched.model import Job
+from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.planning import DEFAULT_PARTITIONS, first_run, jitter_for, partition_for
-from pysched.model import CronSchedule, OnceSchedule
 from pysched.protocols import JobRecord, ScheduleStore
 
 

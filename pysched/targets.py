@@ -121,7 +121,7 @@ def _run_http(target: HttpTarget, ctx: RunContext) -> Outcome:
         },
     )
     try:
-        with urllib.request.urlopen(request, timeout=target.timeout_s) as resp:  # noqa: S310 (scheme validated)
+        with urllib.request.urlopen(request, timeout=target.timeout_s) as resp:
             text = resp.read(_OUTPUT_LIMIT).decode("utf-8", "replace")
             return Outcome(True, result=f"HTTP {resp.status}" + (f": {text}" if text else ""))
     except urllib.error.HTTPError as exc:

@@ -89,7 +89,10 @@ class WorkerPool:
         if claim.outcome is ClaimOutcome.FENCED:
             log.warning(
                 "rejected %s run_at=%d: fence %d is below the partition's %d (a stale leader)",
-                record.job_id, record.run_at_ms, record.fence, claim.fence_floor,
+                record.job_id,
+                record.run_at_ms,
+                record.fence,
+                claim.fence_floor,
             )
             return claim.outcome
         if claim.outcome is ClaimOutcome.SUCCEEDED:

@@ -15,6 +15,8 @@ HEADER = _HEADER.size  # 56
 
 def _encode_one(row: Sequence[Any], fence: int, dispatched_at_ms: int) -> bytes:
     run_id, job_id, run_at_ms, due_ms, partition, attempt, group = row
+    if not isinstance(job_id, str):
+        raise TypeError(f"job id must be str, not {type(job_id).__name__}")
     job = job_id.encode("utf-8")
     if len(job) > 0xFFFF:
         raise RecordError(f"job id of {len(job)} bytes exceeds 65535")
@@ -40,8 +42,8 @@ def decode(payload: bytes) -> DispatchRecord:
         raise RecordError(f"payload of {len(payload)} bytes is shorter than the {HEADER}-byte header")
     if payload[0] != VERSION:
         raise RecordError(f"unknown record version {payload[0]}")
-    (_, _, partition, attempt, group, n, _, fence, run_id, run_at_ms, due_ms, dispatched_at_ms) = (
-        _HEADER.unpack_from(payload)
+    (_, _, partition, attempt, group, n, _, fence, run_id, run_at_ms, due_ms, dispatched_at_ms) = _HEADER.unpack_from(
+        payload
     )
     if len(payload) != HEADER + n:
         raise RecordError(f"payload of {len(payload)} bytes does not hold a {n}-byte job id")

@@ -94,7 +94,9 @@ def _print_job(rec: JobRecord, as_json: bool, verb: str) -> None:
 
 def add(
     job_id: Annotated[str, typer.Argument(metavar="ID", help="Job id: letters, digits, '.', '_', '-'.")],
-    cron_expr: Annotated[str | None, typer.Option("--cron", help="Cron expression, 5 fields or 6 with seconds first.")] = None,
+    cron_expr: Annotated[
+        str | None, typer.Option("--cron", help="Cron expression, 5 fields or 6 with seconds first.")
+    ] = None,
     tz: Annotated[str | None, typer.Option("--tz", help="Time zone of --cron (and of a naive --at).")] = None,
     at: Annotated[str | None, typer.Option("--at", help="One run at this ISO 8601 time.")] = None,
     in_s: Annotated[float | None, typer.Option("--in", help="One run this many seconds from now.")] = None,
@@ -103,7 +105,9 @@ def add(
     http: Annotated[str | None, typer.Option("--http", help="URL to call, with an Idempotency-Key header.")] = None,
     method: Annotated[str, typer.Option("--method", help="HTTP method for --http.")] = "POST",
     payload: Annotated[str | None, typer.Option("--payload", help="JSON object handed to the target.")] = None,
-    jitter: Annotated[float | None, typer.Option("--jitter", help="Jitter window in seconds (cron default 60).")] = None,
+    jitter: Annotated[
+        float | None, typer.Option("--jitter", help="Jitter window in seconds (cron default 60).")
+    ] = None,
     critical: Annotated[bool, typer.Option("--critical", help="Time-critical: no jitter.")] = False,
     db: DbOption = DEFAULT_DB,
     as_json: JsonOption = False,
@@ -145,7 +149,9 @@ def ls(db: DbOption = DEFAULT_DB, as_json: JsonOption = False) -> None:
     Console().print(table)
 
 
-def show(job_id: Annotated[str, typer.Argument(metavar="ID")], db: DbOption = DEFAULT_DB, as_json: JsonOption = False) -> None:
+def show(
+    job_id: Annotated[str, typer.Argument(metavar="ID")], db: DbOption = DEFAULT_DB, as_json: JsonOption = False
+) -> None:
     """Show one job."""
     store = open_store(db)
     try:
@@ -180,13 +186,20 @@ def history(
     for r in runs:
         j = run_json(r)
         table.add_row(
-            j["run_at"], j["state"], str(j["fire_lag_ms"]), str(j["duration_ms"]), str(j["attempt"]),
-            str(j["fence"]), j["error"] or "",
+            j["run_at"],
+            j["state"],
+            str(j["fire_lag_ms"]),
+            str(j["duration_ms"]),
+            str(j["attempt"]),
+            str(j["fence"]),
+            j["error"] or "",
         )
     Console().print(table)
 
 
-def cancel(job_id: Annotated[str, typer.Argument(metavar="ID")], db: DbOption = DEFAULT_DB, as_json: JsonOption = False) -> None:
+def cancel(
+    job_id: Annotated[str, typer.Argument(metavar="ID")], db: DbOption = DEFAULT_DB, as_json: JsonOption = False
+) -> None:
     """Cancel a job's pending runs; its history stays."""
     try:
         rec = open_store(db).cancel_job(job_id, _now_ms())

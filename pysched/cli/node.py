@@ -24,7 +24,11 @@ log = logging.getLogger("pysched")
 def _log_fire(event: RunDispatched) -> None:
     log.info(
         "fired %s run_at=%s lag=%d ms fence=%d attempt=%d",
-        event.job_id, iso(event.run_at_ms), event.dispatched_at_ms - event.due_ms, event.fence, event.attempt,
+        event.job_id,
+        iso(event.run_at_ms),
+        event.dispatched_at_ms - event.due_ms,
+        event.fence,
+        event.attempt,
     )
 
 
@@ -72,9 +76,7 @@ def status(db: DbOption = DEFAULT_DB, as_json: JsonOption = False) -> None:
         fail(str(exc))
     lease = backends.coordinator.current()
     now = time.time_ns() // 1_000_000
-    counts = dict(
-        backends.db.connection().execute("SELECT state, count(*) FROM runs GROUP BY state").fetchall()
-    )
+    counts = dict(backends.db.connection().execute("SELECT state, count(*) FROM runs GROUP BY state").fetchall())
     data = {
         "leader": lease.holder if lease and lease.expires_at_ms > now else None,
         "fence": lease.fence if lease else None,

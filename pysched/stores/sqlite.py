@@ -15,8 +15,8 @@ from pysched.protocols import (
     JobNotActive,
     JobNotFound,
     JobRecord,
-    PlanNext,
     PlannedRun,
+    PlanNext,
     RunRecord,
 )
 from pysched.stores.sqlite_db import SQLiteDatabase
@@ -52,8 +52,15 @@ class SQLiteScheduleStore:
                 conn.execute(
                     "INSERT INTO jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (job.id, job.model_dump_json(), "active" if first else "completed", partition, jitter_ms, now_ms,
-                     now_ms),
+                    (
+                        job.id,
+                        job.model_dump_json(),
+                        "active" if first else "completed",
+                        partition,
+                        jitter_ms,
+                        now_ms,
+                        now_ms,
+                    ),
                 )
             except sqlite3.IntegrityError:
                 raise JobExists(f"job {job.id!r} already exists") from None
@@ -99,9 +106,7 @@ class SQLiteScheduleStore:
                 "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND state = 'scheduled'",
                 (now_ms, job_id),
             )
-            conn.execute(
-                "UPDATE jobs SET state = 'cancelled', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id)
-            )
+            conn.execute("UPDATE jobs SET state = 'cancelled', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id))
             self._bump(conn)
         return self.get_job(job_id)
 
@@ -110,9 +115,7 @@ class SQLiteScheduleStore:
     def get_job(self, job_id: str) -> JobRecord:
         row = (
             self.db.connection()
-            .execute(
-                "SELECT spec, state, partition, jitter_ms, created_at_ms FROM jobs WHERE job_id = ?", (job_id,)
-            )
+            .execute("SELECT spec, state, partition, jitter_ms, created_at_ms FROM jobs WHERE job_id = ?", (job_id,))
             .fetchone()
         )
         if row is None:

@@ -1,0 +1,83 @@
+"""`python -m bench micro [--json FILE] [--quick]`: native vs reference ratios.
+
+Runs bench/test_micro.py under pytest-benchmark, then prints, per group, the
+median time of each implementation and reference / native; also the native
+wheel's memory for 100k near-term entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def wheel_memory(n: int = 100_000) -> int:
+    from pysched import _native
+
+    wheel = _native.TimingWheel(0)
+    wheel.insert_batch(np.arange(n, dtype=np.int64), np.arange(1, n + 1, dtype=np.int64) * 600)
+    return int(wheel.memory_bytes())
+
+
+def micro(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "raw.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(HERE / "test_micro.py"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--benchmark-only",
+            "--benchmark-enable",
+            f"--benchmark-json={raw}",
+            "-o",
+            "addopts=",
+        ]
+        if args.quick:
+            cmd += ["--benchmark-min-rounds=1", "--benchmark-max-time=0.05", "--benchmark-warmup=off"]
+        code = subprocess.call(cmd)
+        if code != 0:
+            return code
+        data = json.loads(raw.read_text())
+    groups: dict[str, dict[str, float]] = {}
+    for b in data["benchmarks"]:
+        impl = b["params"]["impl"]
+        groups.setdefault(b["group"], {})[impl] = b["stats"]["median"]
+    rows: list[dict[str, Any]] = []
+    print(f"\n{'group':<44} {'native ms':>11} {'reference ms':>13} {'ratio':>8}")
+    for group, t in sorted(groups.items()):
+        ratio = t["reference"] / t["native"]
+        rows.append({"group": group, "native_s": t["native"], "reference_s": t["reference"], "ratio": ratio})
+        print(f"{group:<44} {t['native'] * 1e3:>11.3f} {t['reference'] * 1e3:>13.3f} {ratio:>7.1f}x")
+    mem = wheel_memory()
+    print(f"\nnative wheel memory for 100,000 entries: {mem / 2**20:.2f} MiB")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"groups": rows, "wheel_memory_100k_bytes": mem}, indent=2))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("micro", help="native vs pure-Python reference, as ratios")
+    p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--quick", action="store_true", help="one short round each: CI's smoke form")
+    p.set_defaults(func=micro)
+    args = parser.parse_args()
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from pysched.cli import main
+
+main()

@@ -1,0 +1,112 @@
+"""The leader and workers on a simulated clock: minutes of schedule in a second."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+from pysched import native
+from pysched.clock import ManualClock
+from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
+from pysched.model import Job
+from pysched.node import open_embedded
+from pysched.protocols import ClaimOutcome
+from pysched.registry import register
+from pysched.worker import WorkerPool
+
+T0 = 1_800_000_000_000  # on a whole minute
+
+
+class StoppingClock(ManualClock):
+    """Simulated time that ends the run at ``end_ms`` (test hook)."""
+
+    def __init__(self, start_ms: int, end_ms: int, stop: threading.Event) -> None:
+        super().__init__(start_ms)
+        self.end_ms = end_ms
+        self.stop = stop
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        if self.now_ms() >= self.end_ms:
+            self.stop.set()
+
+
+def job(spec: dict[str, object]) -> Job:
+    return Job.model_validate({"target": {"kind": "shell", "command": "true"}, **spec})
+
+
+def run_leader(tmp_path: Path, jobs: list[Job], end_ms: int, config: LeaderConfig) -> list[RunDispatched]:
+    backends = open_embedded(tmp_path / "leader.db")
+    for j in jobs:
+        register(backends.store, j, T0)
+    stop = threading.Event()
+    clock = StoppingClock(T0, end_ms, stop)
+    events: list[RunDispatched] = []
+    leader = PartitionLeader(
+        backends.store, backends.coordinator, backends.dispatcher, clock, "node-a", config, events.append
+    )
+    leader.run(stop)
+    return events
+
+
+def test_a_simulated_ten_minutes_fires_every_run_once_on_time(tmp_path: Path) -> None:
+    jobs = [
+        job({"id": "every-10s", "schedule": {"kind": "cron", "expr": "*/10 * * * * *"}, "critical": True}),
+        job({"id": "minutely", "schedule": {"kind": "cron", "expr": "* * * * *"}}),
+        job({"id": "once", "schedule": {"kind": "once", "run_at_ms": T0 + 95_005}}),
+    ]
+    # Reload every second with a 60 s horizon: each run is loaded ~60 times.
+    config = LeaderConfig(reload_every_ms=1_000, tick_ms=10)
+    end = T0 + 600_005
+    events = run_leader(tmp_path, jobs, end, config)
+    offset = native.jitter_offset("minutely", 60_000)
+    minutely = sum(1 for k in range(1, 11) if T0 + k * 60_000 + offset < end)
+    by_job = Counter(e.job_id for e in events)
+    assert by_job == {"every-10s": 60, "minutely": minutely, "once": 1}
+    assert max(Counter((e.job_id, e.run_at_ms) for e in events).values()) == 1
+    for e in events:
+        assert 0 <= e.dispatched_at_ms - e.due_ms < config.tick_ms, e
+    # The minutely job is jittered deterministically inside its 60 s window.
+    offsets = {e.due_ms - e.run_at_ms for e in events if e.job_id == "minutely"}
+    assert offsets == {offset}
+    assert {e.run_at_ms % 10_000 for e in events if e.job_id == "every-10s"} == {0}
+
+
+def test_a_run_missed_while_down_fires_once_then_the_schedule_resumes(tmp_path: Path) -> None:
+    backends = open_embedded(tmp_path / "leader.db")
+    register(backends.store, job({"id": "m", "schedule": {"kind": "cron", "expr": "* * * * *"}, "critical": True}), T0)
+    stop = threading.Event()
+    # The node comes up 10 minutes after the job's first run was due.
+    clock = StoppingClock(T0 + 10 * 60_000 + 30_000, T0 + 13 * 60_000 + 30_000, stop)
+    events: list[RunDispatched] = []
+    PartitionLeader(
+        backends.store, backends.coordinator, backends.dispatcher, clock, "n", LeaderConfig(), events.append
+    ).run(stop)
+    assert [e.run_at_ms for e in events] == [T0 + 60_000, T0 + 11 * 60_000, T0 + 12 * 60_000, T0 + 13 * 60_000]
+
+
+def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
+    backends = open_embedded(tmp_path / "leader.db", lease_ttl_ms=1_000)
+    register(backends.store, job({"id": "o", "schedule": {"kind": "once", "run_at_ms": T0 + 100}}), T0)
+    old = backends.coordinator.acquire("old", T0)
+    assert old is not None
+    ((run_id, _),) = backends.store.due_runs(T0 + 60_000, old.fence, T0)
+    from pysched.planning import next_run
+
+    rows = backends.store.dispatch([run_id], old.fence, T0 + 100, next_run).rows
+    stale_payloads = native.encode_batch(rows, old.fence, T0 + 100)
+    # The old leader pauses past its lease; another node takes over.
+    new = backends.coordinator.acquire("new", T0 + 5_000)
+    assert new is not None and new.fence > old.fence
+    clock = ManualClock(T0 + 5_000)
+    pool = WorkerPool(backends.dispatcher, backends.claims, backends.store, clock, "w")
+    assert pool.handle(stale_payloads[0]) is ClaimOutcome.FENCED
+    assert backends.store.history("o")[0].state == "dispatched"  # not run
+    # The new leader hands the run on again under its fence and it runs once.
+    ((again, _),) = backends.store.due_runs(T0 + 60_000, new.fence, T0 + 5_000)
+    rows = backends.store.dispatch([again], new.fence, T0 + 5_000, next_run).rows
+    assert pool.handle(native.encode_batch(rows, new.fence, T0 + 5_000)[0]) is ClaimOutcome.CLAIMED
+    assert pool.handle(native.encode_batch(rows, new.fence, T0 + 5_000)[0]) is ClaimOutcome.SUCCEEDED
+    assert [r.state for r in backends.store.history("o")] == ["succeeded"]
+    assert pool.counts == {"fenced": 1, "claimed": 1, "succeeded": 2}

@@ -1,0 +1,97 @@
+"""Real `pysched up` processes: the quick start, and failover after kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pysched.model import Job
+from pysched.node import open_embedded
+from pysched.registry import register
+from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_start_fires_once_within_a_second(tmp_path: Path, db_path: Path) -> None:
+    node = start_node(db_path, tmp_path, tmp_path / "node.log")
+    try:
+        cli("add", "demo", "--in", "3", "--shell", "date >> fired.log", db=db_path, cwd=tmp_path)
+        fired = tmp_path / "fired.log"
+        wait_for(fired.exists, 15, "fired.log")
+        time.sleep(1.5)  # would a second run appear?
+        assert len(fired.read_text().splitlines()) == 1
+        (run,) = cli_json("history", "demo", db=db_path)
+        assert run["state"] == "succeeded"
+        assert 0 <= run["fire_lag_ms"] < 1_000, run
+        assert run["attempt"] == 1 and run["fence"] >= 1
+    finally:
+        stop_node(node)
+    assert "fired demo" in (tmp_path / "node.log").read_text()
+
+
+def test_standby_takes_over_after_kill_9_with_nothing_lost_or_doubled(tmp_path: Path, db_path: Path) -> None:
+    backends = open_embedded(db_path)
+    first = start_node(db_path, tmp_path, tmp_path / "a.log")
+    second = None
+    try:
+        wait_for(lambda: backends.coordinator.current() is not None, 20, "a leader")
+        second = start_node(db_path, tmp_path, tmp_path / "b.log")
+        nodes = {first.pid: first, second.pid: second}
+        wait_for(lambda: "standby" in (tmp_path / "b.log").read_text(), 20, "the second node to stand by")
+        lease = backends.coordinator.current()
+        assert lease is not None
+        leader_pid = int(lease.holder.split(":")[1])
+        assert leader_pid == first.pid
+
+        # 30 one-shot runs on the half second, from 2 s to 16.5 s ahead.
+        now = time.time_ns() // 1_000_000
+        base = (now // 1_000 + 2) * 1_000
+        ledger = tmp_path / "ledger.txt"
+        for k in range(30):
+            job = Job.model_validate(
+                {
+                    "id": f"j{k:02d}",
+                    "schedule": {"kind": "once", "run_at_ms": base + k * 500},
+                    "target": {"kind": "shell", "command": f'echo "$PYSCHED_IDEMPOTENCY_KEY" >> "{ledger}"'},
+                }
+            )
+            register(backends.store, job, now)
+
+        # kill -9 the leader a quarter second between two runs, mid-schedule.
+        kill_at = base + 5_250
+        time.sleep(max(0.0, (kill_at - time.time_ns() // 1_000_000) / 1000))
+        os.kill(leader_pid, signal.SIGKILL)
+        nodes[leader_pid].wait(10)
+        killed_at = time.monotonic()
+
+        def new_leader() -> bool:
+            cur = backends.coordinator.current()
+            return cur is not None and cur.fence > lease.fence
+
+        wait_for(new_leader, 15, "the standby to take over")
+        takeover_s = time.monotonic() - killed_at
+        new = backends.coordinator.current()
+        assert new is not None and int(new.holder.split(":")[1]) == second.pid
+
+        def all_ran() -> bool:
+            return ledger.exists() and len(set(ledger.read_text().split())) == 30
+
+        wait_for(all_ran, 40, "all 30 runs in the ledger")
+        time.sleep(1.0)
+        keys = Counter(ledger.read_text().split())
+        assert len(keys) == 30, "a run was lost"
+        assert max(keys.values()) == 1, f"a run ran twice: {keys.most_common(3)}"
+        assert keys.keys() == {f"j{k:02d}:{base + k * 500}:0" for k in range(30)}
+        fences = {r.fence for k in range(30) for r in backends.store.history(f"j{k:02d}")}
+        assert fences == {lease.fence, new.fence}
+        print(f"takeover after kill -9: {takeover_s:.2f} s")
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                stop_node(proc)

@@ -1,0 +1,101 @@
+"""Targets receive the run's identity and pass the idempotency key downstream."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+
+from pysched.model import Job
+from pysched.targets import RunContext, run_target
+
+CTX = RunContext(
+    job_id="j",
+    run_id=5,
+    run_at=datetime(2026, 1, 1, tzinfo=UTC),
+    attempt=2,
+    fence=3,
+    idempotency_key="j:1767225600000:0",
+    payload={"x": 1},
+)
+
+
+def make(target: dict[str, Any]) -> Job:
+    return Job.model_validate({"id": "j", "schedule": {"kind": "once", "run_at_ms": 0}, "target": target})
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    seen: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append({"key": self.headers["Idempotency-Key"], "body": json.loads(body), "path": self.path})
+            status = 500 if self.path == "/fail" else 200
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_sends_the_idempotency_key(http_server: tuple[str, list[dict[str, Any]]]) -> None:
+    url, seen = http_server
+    out = run_target(make({"kind": "http", "url": f"{url}/hook"}), CTX)
+    assert out.succeeded and out.result == "HTTP 200: ok"
+    assert seen == [
+        {
+            "key": "j:1767225600000:0",
+            "path": "/hook",
+            "body": {"job_id": "j", "run_at": "2026-01-01T00:00:00+00:00", "attempt": 2, "payload": {"x": 1}},
+        }
+    ]
+
+
+def test_http_error_status_fails_the_run(http_server: tuple[str, list[dict[str, Any]]]) -> None:
+    url, _ = http_server
+    out = run_target(make({"kind": "http", "url": f"{url}/fail"}), CTX)
+    assert not out.succeeded and out.error is not None and out.error.startswith("HTTP 500")
+
+
+def test_shell_sees_the_run_in_its_environment() -> None:
+    out = run_target(make({"kind": "shell", "command": 'echo "$PYSCHED_IDEMPOTENCY_KEY $PYSCHED_ATTEMPT"'}), CTX)
+    assert out.succeeded and out.result == "j:1767225600000:0 2"
+
+
+def test_shell_failure_reports_status_and_stderr() -> None:
+    out = run_target(make({"kind": "shell", "command": "echo broken >&2; exit 3"}), CTX)
+    assert not out.succeeded and out.error == "exit status 3: broken"
+
+
+def test_shell_timeout() -> None:
+    out = run_target(make({"kind": "shell", "command": "sleep 5", "timeout_s": 0.2}), CTX)
+    assert not out.succeeded and out.error == "timed out after 0.2 s"
+
+
+def test_python_receives_the_context() -> None:
+    out = run_target(make({"kind": "python", "ref": "pysched.demo:hello"}), CTX)
+    assert out.succeeded and json.loads(out.result or "") == {
+        "hello": "j",
+        "run_at": "2026-01-01T00:00:00+00:00",
+        "key": "j:1767225600000:0",
+    }
+
+
+def test_python_import_error_fails_the_run() -> None:
+    out = run_target(make({"kind": "python", "ref": "no_such_module_here:f"}), CTX)
+    assert not out.succeeded and out.error is not None and "ModuleNotFoundError" in out.error
