@@ -1,29 +1,39 @@
-"""The partition leader: store -> timing wheel -> dispatcher, under a fence.
+"""The partition leader: store -> timing wheel -> dispatcher, under fences.
 
-While it holds the lease, the leader loads the next ``horizon`` of runs into
-the native wheel every ``reload_every`` (and at once when jobs change), ticks
-every 10 ms, and hands due runs on in batches: each batch is marked
-dispatched in the store (with the fence, the next runs of recurring jobs and
-the watermarks) before it is published. The wheel is a cache of the store: a
-reload with overlap fires nothing twice because the store only hands on runs
-still eligible.
+A node's leader polls its coordinator for the partitions it leads, each with
+a fence. For those partitions it loads the next ``horizon`` of runs into the
+native wheel every ``reload_every`` (and at once when jobs change), ticks
+every 10 ms, and hands due runs on in batches:
+
+1. ``store.begin_dispatch``: the rows still to send (the embedded store marks
+   them handed on here, since its queue is not durable);
+2. ``dispatcher.publish``: returns once the records are durably handed on;
+3. ``store.finish_dispatch``: the next runs of recurring jobs are planned and
+   only then do the partitions' watermarks move past the batch.
+
+A crash anywhere in between makes the next leader send a run again, never
+lose it; the workers' idempotency claim turns that into one effect. The wheel
+is a cache of the store: a reload that overlaps fires nothing twice, and a run
+that disappeared from the store (cancelled, rescheduled) leaves the wheel.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from pysched import native
 from pysched.clock import Clock
 from pysched.planning import next_run
-from pysched.protocols import Coordinator, Dispatcher, DispatchRow, Lease, ScheduleStore
+from pysched.protocols import Coordinator, Dispatcher, DispatchRow, DueRow, IdempotencyClaims, ScheduleStore
 
 log = logging.getLogger("pysched.leader")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,9 @@ class LeaderConfig:
     reload_every_ms: int = 30_000
     tick_ms: int = 10
     change_poll_ms: int = 100
-    renew_every_ms: int = 1_000
+    coordinate_every_ms: int = 1_000
     standby_poll_ms: int = 500
+    retry_backoff_ms: tuple[int, ...] = (100, 200, 500, 1_000, 2_000, 5_000)
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,7 @@ class PartitionLeader:
         holder: str,
         config: LeaderConfig | None = None,
         on_dispatch: Callable[[RunDispatched], None] | None = None,
+        claims: IdempotencyClaims | None = None,
     ) -> None:
         self.store = store
         self.coordinator = coordinator
@@ -67,99 +79,169 @@ class PartitionLeader:
         self.holder = holder
         self.config = config or LeaderConfig()
         self.on_dispatch = on_dispatch
-        self.lease: Lease | None = None
+        self.claims = claims
+        self.fences: dict[int, int] = {}
+        self._wheel = native.TimingWheel(clock.now_ms())
+        self._pending: dict[int, DueRow] = {}  # run_id -> row, for the runs in the wheel
+        self._retry: list[DueRow] = []
+        self._failures = 0
+        self._retry_at = 0
+
+    # -- the loop -------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Stand by until elected, lead until the lease is lost, repeat."""
-        waiting_logged = False
-        while not stop.is_set():
-            lease = self.coordinator.acquire(self.holder, self.clock.now_ms())
-            if lease is None:
-                if not waiting_logged:
-                    current = self.coordinator.current()
-                    log.info(
-                        "standby: %s leads with fence %s",
-                        current.holder if current else "?",
-                        current.fence if current else "?",
-                    )
-                    waiting_logged = True
-                stop.wait(self.config.standby_poll_ms / 1000)
-                continue
-            waiting_logged = False
-            log.info("leading with fence %d", lease.fence)
-            self.lease = lease
-            try:
-                self._lead(stop)
-            finally:
-                if self.lease is not None and stop.is_set():
-                    self.coordinator.release(self.lease)
-                    log.info("released leadership (fence %d)", self.lease.fence)
-                self.lease = None
-
-    def _lead(self, stop: threading.Event) -> None:
         cfg = self.config
-        assert self.lease is not None
-        fence = self.lease.fence
-        now = self.clock.now_ms()
-        wheel = native.TimingWheel(now)
-        next_reload = now
-        next_renew = now + cfg.renew_every_ms
-        next_change_poll = now + cfg.change_poll_ms
-        token = self.store.change_token()
-        while not stop.is_set():
-            now = self.clock.now_ms()
-            if now >= next_renew:
-                renewed = self.coordinator.renew(self.lease, now)
-                if renewed is None:
-                    log.warning("lost leadership (fence %d): another node took over", fence)
-                    return
-                self.lease = renewed
-                next_renew = now + cfg.renew_every_ms
-            if now >= self.lease.expires_at_ms:
-                # Could not renew in time: stop sending before someone else leads.
-                log.warning("lease expired unrenewed (fence %d)", fence)
-                return
-            if now >= next_change_poll:
-                next_change_poll = now + cfg.change_poll_ms
-                new_token = self.store.change_token()
-                if new_token != token:
-                    token = new_token
-                    next_reload = now
-            if now >= next_reload:
-                self._reload(wheel, fence, now)
-                next_reload = now + cfg.reload_every_ms
-            due = wheel.advance(now)
-            if len(due):
-                self._dispatch(wheel, due, fence)
-            # Sleep to the next tick boundary so ticks do not drift.
-            after = self.clock.now_ms()
-            self.clock.sleep((cfg.tick_ms - after % cfg.tick_ms) / 1000)
+        next_coordinate = next_reload = next_change_poll = 0
+        token: int | None = None
+        try:
+            while not stop.is_set():
+                now = self.clock.now_ms()
+                if now >= next_coordinate:
+                    next_coordinate = now + cfg.coordinate_every_ms
+                    if self._coordinate(now):
+                        next_reload = now
+                if not self.fences:
+                    stop.wait(cfg.standby_poll_ms / 1000)
+                    continue
+                if now >= next_change_poll:
+                    next_change_poll = now + cfg.change_poll_ms
+                    new_token = self._guard(self.store.change_token)
+                    if new_token is not None and new_token != token:
+                        token = new_token
+                        next_reload = now
+                if now >= next_reload and self._guard(lambda: self._reload(self.fences)) is not None:
+                    next_reload = now + cfg.reload_every_ms
+                due = self._wheel.advance(now)
+                if len(due) or (self._retry and now >= self._retry_at):
+                    self._dispatch(due)
+                after = self.clock.now_ms()
+                # Sleep to the next tick boundary so ticks do not drift.
+                self.clock.sleep((cfg.tick_ms - after % cfg.tick_ms) / 1000)
+        finally:
+            if self.fences:
+                self._guard(lambda: self.coordinator.release(self.holder))
+                log.info("released leadership of %d partitions", len(self.fences))
+            self.fences = {}
 
-    def _reload(self, wheel: native.TimingWheel, fence: int, now: int) -> None:
+    def _guard(self, call: Callable[[], T]) -> T | None:
+        """Run a backend call; a failure is logged and retried on a later tick."""
+        try:
+            return call()
+        except Exception as exc:
+            log.warning("backend call failed, will retry: %s: %s", type(exc).__name__, exc)
+            return None
+
+    def _coordinate(self, now: int) -> bool:
+        """Poll the coordinator; True when partitions were gained."""
+        owned = self._guard(lambda: self.coordinator.poll(self.holder, now))
+        if owned is None:
+            return False
+        lost = [p for p in self.fences if self.fences[p] != owned.get(p)]
+        gained = {p: f for p, f in owned.items() if self.fences.get(p) != f}
+        if lost:
+            log.warning("no longer leading partitions %s", _ranges(lost))
+            self._forget(set(lost))
+        if gained:
+            if self.claims is not None:
+                for p, fence in gained.items():
+                    self.claims.raise_fence(p, fence)
+            self._standby_logged = False
+            fences = sorted(set(gained.values()))
+            log.info("leading partitions %s with fence %s", _ranges(gained), ", ".join(map(str, fences)))
+        elif not owned and (lost or not self.fences):
+            self._log_standby(now)
+        self.fences = dict(owned)
+        return bool(gained)
+
+    _standby_logged = False
+
+    def _log_standby(self, now: int) -> None:
+        if not self._standby_logged:
+            leaders = self._guard(self.coordinator.leaders) or {}
+            holders = sorted({lease.holder for lease in leaders.values()})
+            log.info("standby: partitions led by %s", ", ".join(holders) or "nobody yet")
+            self._standby_logged = True
+
+    def _forget(self, partitions: set[int]) -> None:
+        for run_id in [r for r, row in self._pending.items() if row[4] in partitions]:
+            self._wheel.cancel(run_id)
+            del self._pending[run_id]
+        self._retry = [row for row in self._retry if row[4] not in partitions]
+
+    # -- loading --------------------------------------------------------------
+
+    def _reload(self, fences: dict[int, int]) -> None:
+        now = self.clock.now_ms()
         horizon = now + self.config.horizon_ms
-        rows = self.store.due_runs(horizon, fence, now)
+        rows = self.store.due_runs(fences, horizon, now)
+        fresh = {row[0] for row in rows}
+        # Runs that left the store (cancelled, rescheduled) leave the wheel.
+        for run_id in [r for r, row in self._pending.items() if row[4] in fences and r not in fresh]:
+            self._wheel.cancel(run_id)
+            del self._pending[run_id]
+        self._add(rows, horizon)
+
+    def _add(self, rows: list[DueRow], horizon: int) -> None:
+        for row in rows:
+            self._pending[row[0]] = row
         handles, due = native.load_page(rows, horizon)
-        expired = wheel.insert_batch(handles, due)
-        if len(expired):
-            self._dispatch(wheel, expired, fence)
+        expired = self._wheel.insert_batch(handles, due)
+        for run_id in expired.tolist():
+            self._retry.append(self._pending.pop(run_id))
 
-    def _dispatch(self, wheel: native.TimingWheel, run_ids: Sequence[int] | np.ndarray, fence: int) -> None:
+    # -- dispatching ----------------------------------------------------------
+
+    def _dispatch(self, due: np.ndarray) -> None:
+        rows = self._retry
+        self._retry = []
+        rows.extend(self._pending.pop(r) for r in due.tolist() if r in self._pending)
+        fences = dict(self.fences)
+        rows = [row for row in rows if row[4] in fences]
+        if not rows:
+            return
         now = self.clock.now_ms()
-        result = self.store.dispatch([int(r) for r in run_ids], fence, now, next_run)
-        if result.rows:
-            self.dispatcher.publish(native.encode_batch(result.rows, fence, now))
-            if self.on_dispatch is not None:
-                for row in result.rows:
-                    self.on_dispatch(_event(row, now, fence))
-        horizon = now + self.config.horizon_ms
-        soon = [(r, d) for r, d in result.next_runs if d < horizon]
-        if soon:
-            handles, due = native.load_page(soon, horizon)
-            expired = wheel.insert_batch(handles, due)
-            if len(expired):
-                self._dispatch(wheel, expired, fence)
+        try:
+            sent = self.store.begin_dispatch(rows, fences, now)
+            if sent:
+                self.dispatcher.publish(list(_encode(sent, fences, now)))
+            planned = self.store.finish_dispatch(sent, fences, now, next_run)
+        except Exception as exc:
+            # Nothing moved past these runs: keep them and try again shortly.
+            delay = self.config.retry_backoff_ms[min(self._failures, len(self.config.retry_backoff_ms) - 1)]
+            self._failures += 1
+            self._retry = rows + self._retry
+            self._retry_at = self.clock.now_ms() + delay
+            log.warning(
+                "dispatch of %d runs failed (%s: %s); retrying in %d ms", len(rows), type(exc).__name__, exc, delay
+            )
+            return
+        self._failures = 0
+        if self.on_dispatch is not None:
+            for row in sent:
+                self.on_dispatch(_event(row, now, fences[row[4]]))
+        horizon = self.clock.now_ms() + self.config.horizon_ms
+        self._add([row for row in planned if row[1] < horizon], horizon)
+
+
+def _encode(rows: list[DispatchRow], fences: dict[int, int], now: int) -> Iterable[tuple[int, bytes]]:
+    by_fence: dict[int, list[DispatchRow]] = {}
+    for row in rows:
+        by_fence.setdefault(fences[row[4]], []).append(row)
+    for fence, group in by_fence.items():
+        yield from zip((r[4] for r in group), native.encode_batch(group, fence, now), strict=True)
 
 
 def _event(row: DispatchRow, now: int, fence: int) -> RunDispatched:
     run_id, job_id, run_at_ms, due_ms, _, attempt, _ = row
     return RunDispatched(job_id, run_id, run_at_ms, due_ms, now, fence, attempt)
+
+
+def _ranges(partitions: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5': readable logs for 64 partitions."""
+    out: list[str] = []
+    for p in sorted(partitions):
+        if out and out[-1].split("-")[-1] == str(p - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{p}"
+        else:
+            out.append(str(p))
+    return ",".join(out)

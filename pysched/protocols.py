@@ -7,7 +7,7 @@ backend module is imported only where a node is assembled.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,16 +63,13 @@ class RunRecord:
 # (run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group): the
 # row shape the dispatch codec encodes.
 DispatchRow = tuple[int, str, int, int, int, int, int]
-# (run_id, due_ms): the row shape the bucket loader takes.
-DueRow = tuple[int, int]
-# Given a job, the run_at just dispatched and now: the job's next run, if any.
+# (run_id, due_ms, job_id, run_at_ms, partition, attempt_group): a run waiting
+# in the wheel. The bucket loader reads its first two columns.
+DueRow = tuple[int, int, str, int, int, int]
+# Given a job, its jitter, the run_at just dispatched and now: the next run.
 PlanNext = Callable[[Job, int, int, int], PlannedRun | None]
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatched:
-    rows: list[DispatchRow]  # the runs this call handed on, now marked dispatched
-    next_runs: list[DueRow]  # runs the call planned for recurring jobs
+# Partition -> the fence its leader holds.
+Fences = Mapping[int, int]
 
 
 class ScheduleStore(Protocol):
@@ -105,23 +102,32 @@ class ScheduleStore(Protocol):
         rescheduled: the leader polls it to reload early."""
         ...
 
-    def due_runs(self, horizon_ms: int, fence: int, now_ms: int) -> list[DueRow]:
-        """Runs due before ``horizon_ms`` that a leader holding ``fence``
-        must hand on: scheduled ones, ones dispatched under an older fence,
-        and running ones whose worker's lease has died."""
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+        """Runs of the given partitions due before ``horizon_ms`` that their
+        leader must hand on: not yet handed on, or handed on by a predecessor
+        whose work may have died with it."""
         ...
 
-    def dispatch(self, run_ids: Sequence[int], fence: int, now_ms: int, plan_next: PlanNext) -> Dispatched:
-        """Mark the runs dispatched under ``fence``, plan each recurring
-        job's next run, and move the watermarks, in one durable step. Runs
-        no longer eligible (cancelled, already handed on) are left out."""
+    def begin_dispatch(self, rows: Sequence[DueRow], fences: Fences, now_ms: int) -> list[DispatchRow]:
+        """The rows still to hand on, with their attempt numbers. A store
+        whose dispatcher is not durable marks them handed on here."""
         ...
 
-    def run_started(self, run_id: int, attempt: int, worker: str, now_ms: int) -> None: ...
+    def finish_dispatch(
+        self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
+    ) -> list[DueRow]:
+        """After the dispatcher has the rows durably: record them, plan each
+        recurring job's next run, then move the partitions' watermarks past
+        them. Returns the runs it planned."""
+        ...
+
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> None: ...
 
     def run_finished(
-        self, run_id: int, attempt: int, succeeded: bool, error: str | None, result: str | None, now_ms: int
-    ) -> None: ...
+        self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
+    ) -> None:
+        """Record the outcome: ``state`` is succeeded, failed or cancelled."""
+        ...
 
     def watermarks(self) -> dict[int, int]:
         """Per partition, the latest due time handed on."""
@@ -138,28 +144,50 @@ class Lease:
 class Coordinator(Protocol):
     """Leadership of the schedule partitions, leases and fences."""
 
-    def acquire(self, holder: str, now_ms: int) -> Lease | None:
-        """Become leader, or renew; None while another holder's lease lives.
-        A new term publishes its fence before this returns."""
+    def poll(self, holder: str, now_ms: int) -> dict[int, int]:
+        """Acquire, renew or give up partitions; returns those this holder
+        leads now with their fences (empty while standing by). A fence is
+        strictly greater than every earlier fence of its partition and is
+        published to the executing side before it is returned."""
         ...
 
-    def renew(self, lease: Lease, now_ms: int) -> Lease | None:
-        """Extend a lease; None when another holder has taken over."""
+    def release(self, holder: str) -> None:
+        """Give up every partition at once, so others need not wait out a lease."""
         ...
 
-    def release(self, lease: Lease) -> None: ...
+    def leaders(self) -> dict[int, Lease]:
+        """Who leads each partition, for status reports."""
+        ...
 
-    def current(self) -> Lease | None: ...
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    payload: bytes
+    # When the dispatcher took the record: the broker's LogAppendTime on
+    # Kafka, the enqueue time in process.
+    appended_at_ms: int
+    token: object = None  # what the consumer needs to acknowledge it
+
+
+class DispatchConsumer(Protocol):
+    def next(self, timeout_s: float) -> Delivery | None: ...
+
+    def ack(self, delivery: Delivery) -> None:
+        """Done with it: a delivery not acknowledged is delivered again."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class Dispatcher(Protocol):
     """Carries encoded dispatch records from leaders to workers."""
 
-    def publish(self, payloads: Sequence[bytes]) -> None:
-        """Returns once the payloads are durably handed on."""
+    def publish(self, batch: Sequence[tuple[int, bytes]]) -> None:
+        """Hand on (partition, payload) pairs; returns once they are durably
+        handed on, raises if any was not."""
         ...
 
-    def consume(self, timeout_s: float) -> bytes | None: ...
+    def consumer(self) -> DispatchConsumer: ...
 
     def close(self) -> None: ...
 
@@ -184,9 +212,13 @@ class IdempotencyClaims(Protocol):
 
     def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim: ...
 
-    def heartbeat(self, holder: str, now_ms: int, lease_ms: int) -> int:
-        """Extend every live claim of ``holder``: one write per worker, not
-        one per run. Returns how many were extended."""
+    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
+        """Extend the leases of ``holder``'s running claims, in one call per
+        worker rather than one per run. Returns how many were extended."""
+        ...
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        """Reject from now on any dispatch of ``partition`` below ``fence``."""
         ...
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None: ...

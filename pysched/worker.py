@@ -3,7 +3,7 @@ claim, run the target, record the outcome.
 
 One heartbeat per worker pool extends the leases of all its running claims
 every ``heartbeat_ms``; if the pool dies, its claims expire after
-``lease_ms`` and the leader hands those runs on again.
+``lease_ms`` and the run is handed on again.
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from pysched import native
 from pysched.clock import Clock
-from pysched.protocols import ClaimOutcome, Dispatcher, IdempotencyClaims, JobNotFound, ScheduleStore
+from pysched.protocols import (
+    ClaimOutcome,
+    DispatchConsumer,
+    Dispatcher,
+    IdempotencyClaims,
+    JobNotFound,
+    ScheduleStore,
+)
+from pysched.records import DispatchRecord
 from pysched.targets import context_for, run_target
 
 log = logging.getLogger("pysched.worker")
@@ -47,11 +55,13 @@ class WorkerPool:
         self.config = config or WorkerConfig()
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._running: set[str] = set()
         self._threads: list[threading.Thread] = []
 
     def start(self, stop: threading.Event) -> None:
         for i in range(self.config.concurrency):
-            t = threading.Thread(target=self._consume, args=(stop,), name=f"pysched-worker-{i}", daemon=True)
+            consumer = self.dispatcher.consumer()
+            t = threading.Thread(target=self._consume, args=(consumer, stop), name=f"pysched-worker-{i}", daemon=True)
             t.start()
             self._threads.append(t)
         hb = threading.Thread(target=self._heartbeat, args=(stop,), name="pysched-heartbeat", daemon=True)
@@ -66,25 +76,44 @@ class WorkerPool:
         with self._lock:
             self.counts[what] += 1
 
-    def _consume(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            payload = self.dispatcher.consume(self.config.poll_s)
-            if payload is None:
-                continue
-            try:
-                self.handle(payload)
-            except Exception:
-                log.exception("worker failed on a dispatch record")
-                self._count("errors")
+    def _consume(self, consumer: DispatchConsumer, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                delivery = consumer.next(self.config.poll_s)
+                if delivery is None:
+                    continue
+                try:
+                    self.handle(delivery.payload, stop)
+                except Exception:
+                    # Not acknowledged: it is delivered again (at-least-once).
+                    log.exception("worker failed on a dispatch record")
+                    self._count("errors")
+                    continue
+                consumer.ack(delivery)
+        finally:
+            consumer.close()
 
     def _heartbeat(self, stop: threading.Event) -> None:
         while not stop.wait(self.config.heartbeat_ms / 1000):
-            self.claims.heartbeat(self.holder, self.clock.now_ms(), self.config.lease_ms)
+            with self._lock:
+                keys = sorted(self._running)
+            if keys:
+                try:
+                    self.claims.heartbeat(keys, self.holder, self.clock.now_ms(), self.config.lease_ms)
+                except Exception as exc:
+                    log.warning("heartbeat failed, will retry: %s", exc)
 
-    def handle(self, payload: bytes) -> ClaimOutcome:
+    def handle(self, payload: bytes, stop: threading.Event | None = None) -> ClaimOutcome:
         record = native.decode(payload)
-        now = self.clock.now_ms()
-        claim = self.claims.claim(record, self.holder, now, self.config.lease_ms)
+        while True:
+            claim = self.claims.claim(record, self.holder, self.clock.now_ms(), self.config.lease_ms)
+            if claim.outcome is not ClaimOutcome.BUSY or stop is None:
+                break
+            # Another worker runs it under a live lease: wait for it to finish
+            # or for its lease to die, then look again.
+            log.info("waiting on %s: it runs elsewhere under a live lease", record.idempotency_key)
+            if stop.wait(min(self.config.lease_ms, 5_000) / 1000):
+                break
         self._count(claim.outcome.value)
         if claim.outcome is ClaimOutcome.FENCED:
             log.warning(
@@ -99,22 +128,37 @@ class WorkerPool:
             log.info("skipped %s: %s already succeeded", record.job_id, record.idempotency_key)
             return claim.outcome
         if claim.outcome is ClaimOutcome.BUSY:
-            log.info("skipped %s: %s runs elsewhere under a live lease", record.job_id, record.idempotency_key)
             return claim.outcome
+        self._run(record)
+        return claim.outcome
+
+    def _run(self, record: DispatchRecord) -> None:
+        key = record.idempotency_key
         try:
-            job = self.store.get_job(record.job_id).job
+            job_record = self.store.get_job(record.job_id)
         except JobNotFound:
-            self.claims.complete(record.idempotency_key, self.holder, False, None, self.clock.now_ms())
-            log.error("job %s vanished before its run", record.job_id)
-            return claim.outcome
-        self.store.run_started(record.run_id, record.attempt, self.holder, self.clock.now_ms())
-        outcome = run_target(job, context_for(job, record))
-        end = self.clock.now_ms()
-        self.store.run_finished(record.run_id, record.attempt, outcome.succeeded, outcome.error, outcome.result, end)
-        self.claims.complete(record.idempotency_key, self.holder, outcome.succeeded, outcome.result, end)
-        self._count("succeeded" if outcome.succeeded else "failed")
+            job_record = None
+        if job_record is None or job_record.state == "cancelled":
+            self.store.run_finished(record, "cancelled", "job cancelled before the run", None, self.clock.now_ms())
+            self.claims.complete(key, self.holder, True, None, self.clock.now_ms())
+            self._count("cancelled")
+            log.info("skipped %s: the job was cancelled", record.job_id)
+            return
+        job = job_record.job
+        with self._lock:
+            self._running.add(key)
+        try:
+            self.store.run_started(record, self.holder, self.clock.now_ms())
+            outcome = run_target(job, context_for(job, record))
+            end = self.clock.now_ms()
+            state = "succeeded" if outcome.succeeded else "failed"
+            self.store.run_finished(record, state, outcome.error, outcome.result, end)
+            self.claims.complete(key, self.holder, outcome.succeeded, outcome.result, end)
+        finally:
+            with self._lock:
+                self._running.discard(key)
+        self._count(state)
         if outcome.succeeded:
             log.info("ran %s: succeeded%s", record.job_id, f": {outcome.result}" if outcome.result else "")
         else:
             log.warning("ran %s: failed: %s", record.job_id, outcome.error)
-        return claim.outcome

@@ -123,8 +123,13 @@ def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     with (home / "server.log").open("ab") as out:
         proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=home,
-            start_new_session=True, env=env,
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=home,
+            start_new_session=True,
+            env=env,
         )
     return proc.pid
 
@@ -195,12 +200,23 @@ def start_etcd(fresh: bool) -> Started:
     pid = spawn(
         "etcd",
         [
-            binary, "--name", "pysched", "--data-dir", str(home / "data"),
-            "--listen-client-urls", f"http://{endpoint}", "--advertise-client-urls", f"http://{endpoint}",
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"pysched=http://127.0.0.1:{peer}",
-            "--initial-cluster-state", "new",
+            binary,
+            "--name",
+            "pysched",
+            "--data-dir",
+            str(home / "data"),
+            "--listen-client-urls",
+            f"http://{endpoint}",
+            "--advertise-client-urls",
+            f"http://{endpoint}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-cluster",
+            f"pysched=http://127.0.0.1:{peer}",
+            "--initial-cluster-state",
+            "new",
         ],
     )
     return Started(pid, {"endpoint": endpoint}, lambda: etcd_ready(endpoint), 30)
@@ -213,8 +229,21 @@ def start_redis(fresh: bool) -> Started:
     port = free_port()
     pid = spawn(
         "redis",
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home), "--save", "",
-         "--appendonly", "no", "--daemonize", "no"],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(home),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ],
     )
     return Started(pid, {"url": f"redis://127.0.0.1:{port}/0", "port": port}, lambda: redis_ready(port), 20)
 
@@ -280,16 +309,40 @@ def start_kafka(fresh: bool) -> Started:
     (conf / "tools-log4j2.yaml").write_text(LOG4J2_YAML.format(level="WARN"))
     classpath = f"{libs}/*"
     subprocess.run(
-        [java(), "-Xmx256M", f"-Dlog4j2.configurationFile={conf / 'tools-log4j2.yaml'}", "-cp", classpath,
-         "kafka.tools.StorageTool", "format", "-t", kafka_cluster_id(), "-c", str(conf / "server.properties")],
-        check=True, stdout=subprocess.DEVNULL,
+        [
+            java(),
+            "-Xmx256M",
+            f"-Dlog4j2.configurationFile={conf / 'tools-log4j2.yaml'}",
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            kafka_cluster_id(),
+            "-c",
+            str(conf / "server.properties"),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     pid = spawn(
         "kafka",
-        [java(), "-Xms512m", "-Xmx512m", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-         "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
-         f"-Dkafka.logs.dir={home / 'logs'}", f"-Dlog4j2.configurationFile={conf / 'log4j2.yaml'}",
-         "-cp", classpath, "kafka.Kafka", str(conf / "server.properties")],
+        [
+            java(),
+            "-Xms512m",
+            "-Xmx512m",
+            "-server",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:InitiatingHeapOccupancyPercent=35",
+            "-XX:+ExplicitGCInvokesConcurrent",
+            f"-Dkafka.logs.dir={home / 'logs'}",
+            f"-Dlog4j2.configurationFile={conf / 'log4j2.yaml'}",
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            str(conf / "server.properties"),
+        ],
     )
     bootstrap = f"127.0.0.1:{kp}"
     return Started(pid, {"bootstrap": bootstrap}, lambda: kafka_ready(bootstrap), 120)
@@ -382,28 +435,58 @@ def start_cassandra(fresh: bool) -> Started:
     jamm = next(libs.glob("jamm-*.jar"))
     pid = spawn(
         "cassandra",
-        [java(), "-Xms768m", "-Xmx768m", "-Xss256k", "-XX:+ExitOnOutOfMemoryError",
-         "-XX:+UseG1GC", "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1",
-         "-XX:G1RSetUpdatingPauseTimePercent=5", "-XX:MaxGCPauseMillis=300", "-XX:InitiatingHeapOccupancyPercent=70",
-         "-ea", "-da:net.openhft...", "-XX:+UseThreadPriorities", "-XX:+UseTLAB", "-XX:+ResizeTLAB",
-         "-XX:+PerfDisableSharedMem", "-Djava.net.preferIPv4Stack=true", "-Dchronicle.analytics.disable=true",
-         "-Djdk.attach.allowAttachSelf=true", *JPMS_FLAGS.split(),
-         "-Dio.netty.tryReflectionSetAccessible=true", "-Dio.netty.allocator.useCacheForAllThreads=true",
-         "-Dio.netty.allocator.maxOrder=11", f"-javaagent:{jamm}",
-         f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}", f"-Dcassandra.storagedir={data}",
-         f"-Dcassandra.logdir={data / 'logs'}", f"-Dlogback.configurationFile={conf / 'logback.xml'}",
-         "-Dcassandra-foreground=yes", "-Dcassandra.skip_wait_for_gossip_to_settle=0",
-         "-Dcassandra.ring_delay_ms=1000", "-Dcassandra.superuser_setup_delay_ms=0",
-         "-cp", f"{conf}:{libs}/*", "org.apache.cassandra.service.CassandraDaemon"],
+        [
+            java(),
+            "-Xms768m",
+            "-Xmx768m",
+            "-Xss256k",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-XX:+UseG1GC",
+            "-XX:+ParallelRefProcEnabled",
+            "-XX:MaxTenuringThreshold=1",
+            "-XX:G1RSetUpdatingPauseTimePercent=5",
+            "-XX:MaxGCPauseMillis=300",
+            "-XX:InitiatingHeapOccupancyPercent=70",
+            "-ea",
+            "-da:net.openhft...",
+            "-XX:+UseThreadPriorities",
+            "-XX:+UseTLAB",
+            "-XX:+ResizeTLAB",
+            "-XX:+PerfDisableSharedMem",
+            "-Djava.net.preferIPv4Stack=true",
+            "-Dchronicle.analytics.disable=true",
+            "-Djdk.attach.allowAttachSelf=true",
+            *JPMS_FLAGS.split(),
+            "-Dio.netty.tryReflectionSetAccessible=true",
+            "-Dio.netty.allocator.useCacheForAllThreads=true",
+            "-Dio.netty.allocator.maxOrder=11",
+            f"-javaagent:{jamm}",
+            f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
+            f"-Dcassandra.storagedir={data}",
+            f"-Dcassandra.logdir={data / 'logs'}",
+            f"-Dlogback.configurationFile={conf / 'logback.xml'}",
+            "-Dcassandra-foreground=yes",
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+            "-Dcassandra.ring_delay_ms=1000",
+            "-Dcassandra.superuser_setup_delay_ms=0",
+            "-cp",
+            f"{conf}:{libs}/*",
+            "org.apache.cassandra.service.CassandraDaemon",
+        ],
     )
     return Started(
-        pid, {"contact": f"127.0.0.1:{native}", "port": native, "storage_port": storage},
-        lambda: cassandra_ready(native), 180,
+        pid,
+        {"contact": f"127.0.0.1:{native}", "port": native, "storage_port": storage},
+        lambda: cassandra_ready(native),
+        180,
     )
 
 
 STARTERS: dict[str, Callable[[bool], Started]] = {
-    "etcd": start_etcd, "redis": start_redis, "kafka": start_kafka, "cassandra": start_cassandra,
+    "etcd": start_etcd,
+    "redis": start_redis,
+    "kafka": start_kafka,
+    "cassandra": start_cassandra,
 }
 
 

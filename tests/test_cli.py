@@ -56,9 +56,10 @@ def test_job_lifecycle_through_the_cli(db_path: Path) -> None:
     assert 0 <= added["jitter_ms"] < 30_000
     shown = cli_json("show", "report", db=db_path)
     assert shown["id"] == "report" and shown["last_run"] is None
-    moved = cli_json("reschedule", "report", "--cron", "0 * * * *", db=db_path)
-    assert moved["schedule"]["expr"] == "0 * * * *"
-    assert moved["next_run_at"].endswith(":00:00.000+00:00") or ":00:00.000" in moved["next_run_at"]
+    # Minute 7 never meets */15, so the old pending run is cancelled, not revived.
+    moved = cli_json("reschedule", "report", "--cron", "7 * * * *", db=db_path)
+    assert moved["schedule"]["expr"] == "7 * * * *"
+    assert ":07:00.000" in moved["next_run_at"]
     assert [r["state"] for r in cli_json("history", "report", db=db_path)] == ["cancelled"]
     gone = cli_json("cancel", "report", db=db_path)
     assert gone["state"] == "cancelled" and gone["next_run_at"] is None

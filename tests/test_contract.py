@@ -5,6 +5,7 @@ ones join the list with their servers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +32,20 @@ T0 = 1_800_000_000_000  # a fixed epoch-ms "now"
 
 @dataclass
 class Backend:
+    name: str
     store: ScheduleStore
     claims: IdempotencyClaims
     coordinator: Coordinator
+
+    @staticmethod
+    def clock_ms() -> int:
+        return time.time_ns() // 1_000_000
 
 
 @pytest.fixture(params=["sqlite"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     embedded: EmbeddedBackends = open_embedded(tmp_path / "contract.db", partitions=4, lease_ttl_ms=5_000)
-    yield Backend(embedded.store, embedded.claims, embedded.coordinator)
+    yield Backend("sqlite", embedded.store, embedded.claims, embedded.coordinator)
     embedded.db.close()
 
 
@@ -60,6 +66,25 @@ def record(row: tuple[int, str, int, int, int, int, int], fence: int) -> Dispatc
     return DispatchRecord(run_id, job_id, run_at, due, partition, attempt, group, fence, T0)
 
 
+def every(fence: int) -> dict[int, int]:
+    """Every partition of the test backends, led under ``fence``."""
+    return dict.fromkeys(range(4), fence)
+
+
+def due(backend: Backend, horizon: int, fence: int, now: int) -> list[tuple[int, int]]:
+    return [(r[0], r[1]) for r in backend.store.due_runs(every(fence), horizon, now)]
+
+
+def dispatch(
+    backend: Backend, horizon: int, fence: int, now: int
+) -> tuple[list[tuple[int, str, int, int, int, int, int]], list[tuple[int, int, str, int, int, int]]]:
+    """One leader step: everything due, begun, (published,) finished."""
+    rows = [r for r in backend.store.due_runs(every(fence), horizon, now) if r[1] <= now]
+    sent = backend.store.begin_dispatch(rows, every(fence), now)
+    planned = backend.store.finish_dispatch(sent, every(fence), now, next_run)
+    return sent, planned
+
+
 def test_add_then_read(backend: Backend) -> None:
     rec = backend.store.add_job(cron_job(), 1, 250, PlannedRun(T0 + 10_000, T0 + 10_250), T0)
     assert rec.state == "active"
@@ -75,38 +100,37 @@ def test_duplicate_id_changes_nothing(backend: Backend) -> None:
         backend.store.add_job(cron_job(expr="0 * * * *"), 1, 0, PlannedRun(T0 + 5, T0 + 5), T0)
     rec = backend.store.get_job("every-10s")
     assert rec.job.schedule.model_dump()["expr"] == "*/10 * * * * *"
-    assert backend.store.due_runs(T0 + 10**9, 1, T0) == [(backend.store.due_runs(T0 + 10**9, 1, T0)[0][0], T0 + 10_000)]
+    assert [d for _, d in due(backend, T0 + 10**9, 1, T0)] == [T0 + 10_000]
     assert backend.store.change_token() == token
 
 
 def test_dispatch_hands_each_run_on_once_and_plans_the_next(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 2, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
-    ((run_id, due),) = backend.store.due_runs(T0 + 60_000, 1, T0)
-    first = backend.store.dispatch([run_id], 1, T0 + 10_001, next_run)
-    assert [r[:5] for r in first.rows] == [(run_id, "every-10s", T0 + 10_000, due, 2)]
-    assert first.rows[0][5] == 1  # attempt
-    assert len(first.next_runs) == 1 and first.next_runs[0][1] == T0 + 20_000
-    # A reload with overlap asks again: nothing is handed on twice.
-    again = backend.store.dispatch([run_id], 1, T0 + 10_002, next_run)
-    assert again.rows == [] and again.next_runs == []
-    assert backend.store.due_runs(T0 + 60_000, 1, T0 + 10_002) == [(first.next_runs[0][0], T0 + 20_000)]
-    assert backend.store.watermarks() == {2: T0 + 10_000}
+    ((run_id, due_ms),) = due(backend, T0 + 60_000, 1, T0)
+    sent, planned = dispatch(backend, T0 + 60_000, 1, T0 + 10_001)
+    assert [r[:5] for r in sent] == [(run_id, "every-10s", T0 + 10_000, due_ms, 2)]
+    assert sent[0][5] == 1  # attempt
+    assert [(r[1], r[2], r[3], r[4]) for r in planned] == [(T0 + 20_000, "every-10s", T0 + 20_000, 2)]
+    # The same leader looking again: nothing is handed on twice.
+    assert dispatch(backend, T0 + 60_000, 1, T0 + 10_002) == ([], [])
+    assert due(backend, T0 + 60_000, 1, T0 + 10_002) == [(planned[0][0], T0 + 20_000)]
+    assert backend.store.watermarks()[2] >= T0 + 10_000
 
 
 def test_one_shot_completes_after_dispatch(backend: Backend) -> None:
     backend.store.add_job(once_job("once", T0 + 500), 0, 0, PlannedRun(T0 + 500, T0 + 500), T0)
-    ((run_id, _),) = backend.store.due_runs(T0 + 1_000, 1, T0)
-    out = backend.store.dispatch([run_id], 1, T0 + 500, next_run)
-    assert len(out.rows) == 1 and out.next_runs == []
+    sent, planned = dispatch(backend, T0 + 1_000, 1, T0 + 500)
+    assert len(sent) == 1 and planned == []
     assert backend.store.get_job("once").state == "completed"
 
 
 def test_cancel_stops_pending_runs_and_keeps_history(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
-    ((run_id, _),) = backend.store.due_runs(T0 + 60_000, 1, T0)
+    assert len(due(backend, T0 + 60_000, 1, T0)) == 1
     rec = backend.store.cancel_job("every-10s", T0 + 1)
     assert rec.state == "cancelled" and rec.next_run is None
-    assert backend.store.dispatch([run_id], 1, T0 + 10_000, next_run).rows == []
+    assert due(backend, T0 + 60_000, 1, T0 + 10_000) == []
+    assert dispatch(backend, T0 + 60_000, 1, T0 + 10_000) == ([], [])
     assert [r.state for r in backend.store.history("every-10s")] == ["cancelled"]
     with pytest.raises(JobNotActive):
         backend.store.cancel_job("every-10s", T0 + 2)
@@ -119,29 +143,61 @@ def test_reschedule_replaces_pending_runs(backend: Backend) -> None:
     new = cron_job(expr="0 * * * *")
     rec = backend.store.reschedule(new, 0, PlannedRun(T0 + 3_600_000, T0 + 3_600_000), T0 + 1)
     assert rec.next_run == PlannedRun(T0 + 3_600_000, T0 + 3_600_000)
-    assert [d for _, d in backend.store.due_runs(T0 + 10**8, 1, T0)] == [T0 + 3_600_000]
+    assert [d for _, d in due(backend, T0 + 10**8, 1, T0)] == [T0 + 3_600_000]
     with pytest.raises(JobNotFound):
         backend.store.reschedule(cron_job("nope"), 0, None, T0)
 
 
-def test_runs_of_an_older_fence_are_handed_on_again(backend: Backend) -> None:
+def test_a_run_begun_but_not_finished_is_handed_on_by_the_next_leader(backend: Backend) -> None:
     backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
-    ((run_id, _),) = backend.store.due_runs(T0 + 1_000, 1, T0)
-    backend.store.dispatch([run_id], 1, T0 + 100, next_run)
-    assert backend.store.due_runs(T0 + 1_000, 1, T0 + 200) == []  # same leader: already handed on
-    assert backend.store.due_runs(T0 + 1_000, 2, T0 + 200) == [(run_id, T0 + 100)]  # new term: queue was lost
-    again = backend.store.dispatch([run_id], 2, T0 + 300, next_run)
-    assert again.rows[0][5] == 2  # attempt 2
+    rows = backend.store.due_runs(every(1), T0 + 1_000, T0 + 100)
+    backend.store.begin_dispatch(rows, every(1), T0 + 100)
+    # The leader dies here, before finish_dispatch: its successor sends again.
+    again = backend.store.due_runs(every(2), T0 + 1_000, T0 + 200)
+    assert [r[0] for r in again] == [rows[0][0]]
+    sent = backend.store.begin_dispatch(again, every(2), T0 + 300)
+    assert [r[0] for r in sent] == [rows[0][0]]
 
 
-def test_running_run_with_dead_lease_is_handed_on_again(backend: Backend) -> None:
+def test_embedded_runs_of_an_older_fence_are_handed_on_again(backend: Backend) -> None:
+    if backend.name != "sqlite":
+        pytest.skip("the in-process queue dies with its leader; Kafka keeps what it acknowledged")
     backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
-    ((run_id, _),) = backend.store.due_runs(T0 + 1_000, 1, T0)
-    (row,) = backend.store.dispatch([run_id], 1, T0 + 100, next_run).rows
+    ((run_id, _),) = due(backend, T0 + 1_000, 1, T0)
+    dispatch(backend, T0 + 1_000, 1, T0 + 100)
+    assert due(backend, T0 + 1_000, 1, T0 + 200) == []  # same leader: already handed on
+    assert due(backend, T0 + 1_000, 2, T0 + 200) == [(run_id, T0 + 100)]  # new term: queue was lost
+    sent, _ = dispatch(backend, T0 + 1_000, 2, T0 + 300)
+    assert sent[0][5] == 2  # attempt 2
+
+
+def test_embedded_running_run_with_dead_lease_is_handed_on_again(backend: Backend) -> None:
+    if backend.name != "sqlite":
+        pytest.skip("on Kafka the unacknowledged record itself is delivered again")
+    backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    ((run_id, _),) = due(backend, T0 + 1_000, 1, T0)
+    (row,), _ = dispatch(backend, T0 + 1_000, 1, T0 + 100)
     assert backend.claims.claim(record(row, 1), "w1", T0 + 110, 30_000).outcome is ClaimOutcome.CLAIMED
-    backend.store.run_started(run_id, 1, "w1", T0 + 110)
-    assert backend.store.due_runs(T0 + 1_000, 1, T0 + 20_000) == []  # lease alive
-    assert backend.store.due_runs(T0 + 1_000, 1, T0 + 40_000) == [(run_id, T0 + 100)]  # lease died
+    backend.store.run_started(record(row, 1), "w1", T0 + 110)
+    assert due(backend, T0 + 1_000, 1, T0 + 20_000) == []  # lease alive
+    assert due(backend, T0 + 1_000, 1, T0 + 40_000) == [(run_id, T0 + 100)]  # lease died
+
+
+def test_outcomes_are_recorded(backend: Backend) -> None:
+    backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (row,), _ = dispatch(backend, T0 + 1_000, 1, T0 + 150)
+    backend.store.run_started(record(row, 1), "w1", T0 + 160)
+    backend.store.run_finished(record(row, 1), "failed", "exit status 3", "out", T0 + 200)
+    (run,) = backend.store.history("o")
+    assert (run.state, run.started_at_ms, run.ended_at_ms, run.error, run.result, run.worker) == (
+        "failed",
+        T0 + 160,
+        T0 + 200,
+        "exit status 3",
+        "out",
+        "w1",
+    )
+    assert run.dispatched_at_ms == T0 + 150 and run.due_ms == T0 + 100
 
 
 def test_claim_outcomes(backend: Backend) -> None:
@@ -169,23 +225,31 @@ def test_completion_by_a_former_holder_changes_nothing(backend: Backend) -> None
 def test_heartbeat_keeps_claims_alive(backend: Backend) -> None:
     row = (7, "job", T0, T0, 1, 1, 0)
     backend.claims.claim(record(row, 1), "w1", T0, 1_000)
-    assert backend.claims.heartbeat("w1", T0 + 900, 1_000) == 1
+    assert backend.claims.heartbeat([record(row, 1).idempotency_key], "w1", T0 + 900, 1_000) == 1
     assert backend.claims.claim(record(row, 1), "w2", T0 + 1_500, 1_000).outcome is ClaimOutcome.BUSY
+
+
+def test_a_raised_fence_rejects_older_dispatches(backend: Backend) -> None:
+    backend.claims.raise_fence(2, 5)
+    row = (9, "job", T0, T0, 2, 1, 0)
+    assert backend.claims.claim(record(row, 4), "w", T0, 1_000).outcome is ClaimOutcome.FENCED
+    assert backend.claims.claim(record(row, 5), "w", T0, 1_000).outcome is ClaimOutcome.CLAIMED
+    backend.claims.raise_fence(2, 3)  # never lowers
+    assert backend.claims.claim(record((10, "job", T0, T0, 2, 1, 0), 4), "w", T0, 1_000).outcome is (
+        ClaimOutcome.FENCED
+    )
 
 
 def test_leadership_and_fences(backend: Backend) -> None:
     co = backend.coordinator
-    a = co.acquire("a", T0)
-    assert a is not None and a.fence == 1
-    assert co.acquire("b", T0 + 1_000) is None
-    renewed = co.renew(a, T0 + 2_000)
-    assert renewed is not None and renewed.expires_at_ms > a.expires_at_ms
-    b = co.acquire("b", renewed.expires_at_ms)
-    assert b is not None and b.fence == 2
-    assert co.renew(renewed, renewed.expires_at_ms + 1) is None
-    # The new term raised every partition's floor: the old fence is rejected.
+    a = co.poll("a", backend.clock_ms())
+    assert a and set(a) == set(range(4))
+    assert co.poll("b", backend.clock_ms()) == {}
+    assert {lease.holder for lease in co.leaders().values()} == {"a"}
+    assert co.poll("a", backend.clock_ms()) == a  # renewed, same fences
+    co.release("a")
+    b = co.poll("b", backend.clock_ms())
+    assert set(b) == set(a) and all(b[p] > a[p] for p in a)
+    # The new fences are published: dispatches under the old ones are rejected.
     row = (1, "job", T0, T0, 3, 1, 0)
-    assert backend.claims.claim(record(row, 1), "w", T0, 1_000).outcome is ClaimOutcome.FENCED
-    co.release(b)
-    c = co.acquire("c", T0 + 10_001)
-    assert c is not None and c.fence == 3
+    assert backend.claims.claim(record(row, a[3]), "w", T0, 1_000).outcome is ClaimOutcome.FENCED

@@ -89,24 +89,23 @@ def test_a_run_missed_while_down_fires_once_then_the_schedule_resumes(tmp_path: 
 def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     backends = open_embedded(tmp_path / "leader.db", lease_ttl_ms=1_000)
     register(backends.store, job({"id": "o", "schedule": {"kind": "once", "run_at_ms": T0 + 100}}), T0)
-    old = backends.coordinator.acquire("old", T0)
-    assert old is not None
-    ((run_id, _),) = backends.store.due_runs(T0 + 60_000, old.fence, T0)
-    from pysched.planning import next_run
-
-    rows = backends.store.dispatch([run_id], old.fence, T0 + 100, next_run).rows
-    stale_payloads = native.encode_batch(rows, old.fence, T0 + 100)
+    old = backends.coordinator.poll("old", T0)
+    assert old
+    rows = backends.store.due_runs(old, T0 + 60_000, T0 + 100)
+    sent = backends.store.begin_dispatch(rows, old, T0 + 100)
+    stale_payload = native.encode_batch(sent, old[0], T0 + 100)[0]
     # The old leader pauses past its lease; another node takes over.
-    new = backends.coordinator.acquire("new", T0 + 5_000)
-    assert new is not None and new.fence > old.fence
+    new = backends.coordinator.poll("new", T0 + 5_000)
+    assert new and all(new[p] > old[p] for p in old)
     clock = ManualClock(T0 + 5_000)
     pool = WorkerPool(backends.dispatcher, backends.claims, backends.store, clock, "w")
-    assert pool.handle(stale_payloads[0]) is ClaimOutcome.FENCED
+    assert pool.handle(stale_payload) is ClaimOutcome.FENCED
     assert backends.store.history("o")[0].state == "dispatched"  # not run
     # The new leader hands the run on again under its fence and it runs once.
-    ((again, _),) = backends.store.due_runs(T0 + 60_000, new.fence, T0 + 5_000)
-    rows = backends.store.dispatch([again], new.fence, T0 + 5_000, next_run).rows
-    assert pool.handle(native.encode_batch(rows, new.fence, T0 + 5_000)[0]) is ClaimOutcome.CLAIMED
-    assert pool.handle(native.encode_batch(rows, new.fence, T0 + 5_000)[0]) is ClaimOutcome.SUCCEEDED
+    again = backends.store.due_runs(new, T0 + 60_000, T0 + 5_000)
+    sent = backends.store.begin_dispatch(again, new, T0 + 5_000)
+    payload = native.encode_batch(sent, new[0], T0 + 5_000)[0]
+    assert pool.handle(payload) is ClaimOutcome.CLAIMED
+    assert pool.handle(payload) is ClaimOutcome.SUCCEEDED
     assert [r.state for r in backends.store.history("o")] == ["succeeded"]
     assert pool.counts == {"fenced": 1, "claimed": 1, "succeeded": 2}

@@ -3,6 +3,7 @@ the run's idempotency key, behind a fence check, in one transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from pysched.protocols import Claim, ClaimOutcome
@@ -53,13 +54,22 @@ class SQLiteClaims:
             )
             return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=max(floor, record.fence))
 
-    def heartbeat(self, holder: str, now_ms: int, lease_ms: int) -> int:
+    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
+        # One statement for the whole worker: every running claim it holds.
         with self.db.transaction() as conn:
             cur = conn.execute(
                 "UPDATE claims SET lease_expires_ms = ?, updated_at_ms = ? WHERE holder = ? AND state = 'running'",
                 (now_ms + lease_ms, now_ms, holder),
             )
             return cur.rowcount
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO fences (partition, fence) VALUES (?, ?)"
+                " ON CONFLICT (partition) DO UPDATE SET fence = max(fence, excluded.fence)",
+                (partition, fence),
+            )
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
         with self.db.transaction() as conn:

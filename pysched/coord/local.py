@@ -17,10 +17,28 @@ LEASE_NAME = "scheduler"
 
 
 class SQLiteLeaseCoordinator:
+    """One leader for every partition of the embedded scheduler."""
+
     def __init__(self, db: SQLiteDatabase | str | Path, partitions: int, ttl_ms: int = 5_000) -> None:
         self.db = db if isinstance(db, SQLiteDatabase) else SQLiteDatabase(db)
         self.partitions = partitions
         self.ttl_ms = ttl_ms
+        self._leases: dict[str, Lease] = {}
+
+    def poll(self, holder: str, now_ms: int) -> dict[int, int]:
+        lease = self._leases.pop(holder, None)
+        if lease is not None:
+            lease = self.renew(lease, now_ms)
+        if lease is None:
+            lease = self.acquire(holder, now_ms)
+        if lease is None:
+            return {}
+        self._leases[holder] = lease
+        return dict.fromkeys(range(self.partitions), lease.fence)
+
+    def leaders(self) -> dict[int, Lease]:
+        lease = self.current()
+        return {} if lease is None else dict.fromkeys(range(self.partitions), lease)
 
     def acquire(self, holder: str, now_ms: int) -> Lease | None:
         with self.db.transaction() as conn:
@@ -66,12 +84,10 @@ class SQLiteLeaseCoordinator:
                 return None
         return Lease(lease.holder, lease.fence, now_ms + self.ttl_ms)
 
-    def release(self, lease: Lease) -> None:
+    def release(self, holder: str) -> None:
         with self.db.transaction() as conn:
-            conn.execute(
-                "UPDATE leases SET expires_at_ms = 0 WHERE name = ? AND holder = ? AND term = ?",
-                (LEASE_NAME, lease.holder, lease.fence),
-            )
+            conn.execute("UPDATE leases SET expires_at_ms = 0 WHERE name = ? AND holder = ?", (LEASE_NAME, holder))
+        self._leases.pop(holder, None)
 
     def current(self) -> Lease | None:
         row = (

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from pysched.model import Job
 from pysched.protocols import (
-    Dispatched,
     DispatchRow,
     DueRow,
+    Fences,
     JobExists,
     JobNotActive,
     JobNotFound,
@@ -19,6 +19,7 @@ from pysched.protocols import (
     PlanNext,
     RunRecord,
 )
+from pysched.records import DispatchRecord
 from pysched.stores.sqlite_db import SQLiteDatabase
 
 # Runs a leader holding :fence at :now must hand on. A run dispatched under an
@@ -31,6 +32,8 @@ _ELIGIBLE = """(
         SELECT 1 FROM claims c WHERE c.run_id = runs.run_id
         AND c.state = 'running' AND c.lease_expires_ms < :now))
 )"""
+
+_ELIGIBLE_QMARK = _ELIGIBLE.replace(":fence", "?").replace(":now", "?")
 
 _RUN_COLUMNS = (
     "run_id, job_id, run_at_ms, due_ms, state, attempt, fence, dispatched_at_ms,"
@@ -153,34 +156,52 @@ class SQLiteScheduleStore:
 
     # -- the leader's side ----------------------------------------------------
 
-    def due_runs(self, horizon_ms: int, fence: int, now_ms: int) -> list[DueRow]:
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+        if not fences:
+            return []
+        # One node leads every partition here; its fence is the term.
+        fence = max(fences.values())
+        marks = ",".join("?" * len(fences))
         rows = (
             self.db.connection()
             .execute(
-                f"SELECT run_id, due_ms FROM runs WHERE due_ms < :horizon AND {_ELIGIBLE} ORDER BY due_ms, run_id",
-                {"horizon": horizon_ms, "fence": fence, "now": now_ms},
+                f"SELECT run_id, due_ms, job_id, run_at_ms, partition, attempt_group FROM runs"
+                f" WHERE due_ms < ? AND partition IN ({marks}) AND {_ELIGIBLE_QMARK} ORDER BY due_ms, run_id",
+                [horizon_ms, *fences, fence, now_ms],
             )
             .fetchall()
         )
-        return [(int(r), int(d)) for r, d in rows]
+        return [(int(r), int(d), str(j), int(a), int(p), int(g)) for r, d, j, a, p, g in rows]
 
-    def dispatch(self, run_ids: Sequence[int], fence: int, now_ms: int, plan_next: PlanNext) -> Dispatched:
-        rows: list[DispatchRow] = []
+    def begin_dispatch(self, rows: Sequence[DueRow], fences: Fences, now_ms: int) -> list[DispatchRow]:
+        # The in-process queue dies with the node, so the durable step is here:
+        # marked dispatched under the fence, a successor re-sends what we lose.
+        out: list[DispatchRow] = []
+        by_fence: dict[int, list[int]] = {}
+        for row in rows:
+            if row[4] in fences:
+                by_fence.setdefault(fences[row[4]], []).append(row[0])
+        with self.db.transaction() as conn:
+            for fence, run_ids in by_fence.items():
+                for start in range(0, len(run_ids), _CHUNK):
+                    chunk = run_ids[start : start + _CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    out.extend(
+                        conn.execute(
+                            "UPDATE runs SET state = 'dispatched', fence = ?, dispatched_at_ms = ?,"
+                            f" attempt = attempt + 1 WHERE run_id IN ({marks}) AND {_ELIGIBLE_QMARK}"
+                            " RETURNING run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group",
+                            [fence, now_ms, *chunk, fence, now_ms],
+                        ).fetchall()
+                    )
+        out.sort(key=lambda r: (r[3], r[0]))
+        return out
+
+    def finish_dispatch(
+        self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
+    ) -> list[DueRow]:
         next_runs: list[DueRow] = []
         with self.db.transaction() as conn:
-            for start in range(0, len(run_ids), _CHUNK):
-                chunk = [int(r) for r in run_ids[start : start + _CHUNK]]
-                marks = ",".join("?" * len(chunk))
-                rows.extend(
-                    conn.execute(
-                        f"UPDATE runs SET state = 'dispatched', fence = ?, dispatched_at_ms = ?, attempt = attempt + 1"
-                        f" WHERE run_id IN ({marks}) AND"
-                        f" {_ELIGIBLE.replace(':fence', '?').replace(':now', '?')}"
-                        " RETURNING run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group",
-                        [fence, now_ms, *chunk, fence, now_ms],
-                    ).fetchall()
-                )
-            rows.sort(key=lambda r: (r[3], r[0]))
             jobs: dict[str, tuple[Job, str, int, int]] = {}
             for _, job_id, run_at_ms, _, _, _, _ in rows:
                 if job_id not in jobs:
@@ -206,7 +227,7 @@ class SQLiteScheduleStore:
                     continue
                 run_id = self._insert_run(conn, job_id, partition, planned)
                 if run_id is not None:
-                    next_runs.append((run_id, planned.due_ms))
+                    next_runs.append((run_id, planned.due_ms, job_id, planned.run_at_ms, partition, 0))
             marks_by_partition: dict[int, int] = {}
             for r in rows:
                 marks_by_partition[r[4]] = max(marks_by_partition.get(r[4], r[3]), r[3])
@@ -215,25 +236,25 @@ class SQLiteScheduleStore:
                 " DO UPDATE SET fired_through_ms = max(fired_through_ms, excluded.fired_through_ms)",
                 marks_by_partition.items(),
             )
-        return Dispatched(rows=rows, next_runs=next_runs)
+        return next_runs
 
     # -- the worker's side ----------------------------------------------------
 
-    def run_started(self, run_id: int, attempt: int, worker: str, now_ms: int) -> None:
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> None:
         with self.db.transaction() as conn:
             conn.execute(
                 "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = max(attempt, ?),"
                 " error = NULL WHERE run_id = ?",
-                (now_ms, worker, attempt, run_id),
+                (now_ms, worker, record.attempt, record.run_id),
             )
 
     def run_finished(
-        self, run_id: int, attempt: int, succeeded: bool, error: str | None, result: str | None, now_ms: int
+        self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
     ) -> None:
         with self.db.transaction() as conn:
             conn.execute(
                 "UPDATE runs SET state = ?, ended_at_ms = ?, error = ?, result = ? WHERE run_id = ?",
-                ("succeeded" if succeeded else "failed", now_ms, error, result, run_id),
+                (state, now_ms, error, result, record.run_id),
             )
 
     # -- helpers --------------------------------------------------------------
