@@ -23,6 +23,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -45,6 +46,9 @@ class LeaderConfig:
     coordinate_every_ms: int = 1_000
     standby_poll_ms: int = 500
     retry_backoff_ms: tuple[int, ...] = (100, 200, 500, 1_000, 2_000, 5_000)
+    # False polls the coordinator from the tick loop: deterministic under a
+    # simulated clock (test hook), but a slow coordinator then delays ticks.
+    coordinate_in_thread: bool = True
 
 
 @dataclass(frozen=True)
@@ -80,48 +84,88 @@ class PartitionLeader:
         self.config = config or LeaderConfig()
         self.on_dispatch = on_dispatch
         self.claims = claims
-        self.fences: dict[int, int] = {}
+        self.fences: dict[int, int] = {}  # what the tick loop acts on
+        self._owned: dict[int, int] = {}  # what the coordinator last granted
+        self._owned_lock = threading.Lock()
         self._wheel = native.TimingWheel(clock.now_ms())
         self._pending: dict[int, DueRow] = {}  # run_id -> row, for the runs in the wheel
+        # Runs handed on and still inside the reload overlap: a reload that
+        # finds them again (the store's watermark trails) must not resend.
+        self._sent: dict[int, int] = {}  # run_id -> due_ms
         self._retry: list[DueRow] = []
         self._failures = 0
         self._retry_at = 0
+        self._standby_logged = False
 
-    # -- the loop -------------------------------------------------------------
+    # -- the loops ------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        cfg = self.config
-        next_coordinate = next_reload = next_change_poll = 0
-        token: int | None = None
+        """Coordinate in a thread of its own; tick in this one."""
+        coordinating = None
+        if self.config.coordinate_in_thread:
+            coordinating = threading.Thread(
+                target=self._coordinate_loop, args=(stop,), name="pysched-coordinator", daemon=True
+            )
+            coordinating.start()
         try:
-            while not stop.is_set():
-                now = self.clock.now_ms()
-                if now >= next_coordinate:
-                    next_coordinate = now + cfg.coordinate_every_ms
-                    if self._coordinate(now):
-                        next_reload = now
-                if not self.fences:
-                    stop.wait(cfg.standby_poll_ms / 1000)
-                    continue
-                if now >= next_change_poll:
-                    next_change_poll = now + cfg.change_poll_ms
-                    new_token = self._guard(self.store.change_token)
-                    if new_token is not None and new_token != token:
-                        token = new_token
-                        next_reload = now
-                if now >= next_reload and self._guard(lambda: self._reload(self.fences)) is not None:
-                    next_reload = now + cfg.reload_every_ms
-                due = self._wheel.advance(now)
-                if len(due) or (self._retry and now >= self._retry_at):
-                    self._dispatch(due)
-                after = self.clock.now_ms()
-                # Sleep to the next tick boundary so ticks do not drift.
-                self.clock.sleep((cfg.tick_ms - after % cfg.tick_ms) / 1000)
+            self._tick_loop(stop)
         finally:
+            stop.set()
+            if coordinating is not None:
+                coordinating.join(10)
+            self._guard(lambda: self.coordinator.release(self.holder))
             if self.fences:
-                self._guard(lambda: self.coordinator.release(self.holder))
                 log.info("released leadership of %d partitions", len(self.fences))
             self.fences = {}
+
+    def _coordinate_loop(self, stop: threading.Event) -> None:
+        # Leases are kept apart from the ticks: a slow coordinator call never
+        # delays a fire, and a paused process wakes up ticking (its stale
+        # sends are what the fences are for).
+        while not stop.is_set():
+            self._coordinate()
+            stop.wait(self.config.coordinate_every_ms / 1000)
+
+    def _coordinate(self) -> None:
+        owned = self._guard(lambda: self.coordinator.poll(self.holder, self.clock.now_ms()))
+        if owned is not None:
+            with self._owned_lock:
+                self._owned = owned
+
+    def _tick_loop(self, stop: threading.Event) -> None:
+        cfg = self.config
+        next_reload = next_change_poll = next_coordinate = 0
+        versions: dict[int, int] = {}
+        while not stop.is_set():
+            now = self.clock.now_ms()
+            if not cfg.coordinate_in_thread and now >= next_coordinate:
+                next_coordinate = now + cfg.coordinate_every_ms
+                self._coordinate()
+            with self._owned_lock:
+                owned = self._owned
+            if owned != self.fences and self._take(owned):
+                next_reload = now
+            if not self.fences:
+                self.clock.sleep(cfg.standby_poll_ms / 1000)
+                continue
+            changed: set[int] = set()
+            if now >= next_change_poll:
+                next_change_poll = now + cfg.change_poll_ms
+                new_versions = self._guard(self.store.change_versions)
+                if new_versions is not None:
+                    changed = {p for p in self.fences if new_versions.get(p) != versions.get(p)}
+                    versions = new_versions
+            if now >= next_reload:
+                if self._guard(partial(self._reload, self.fences, True)) is not None:
+                    next_reload = now + cfg.reload_every_ms
+            elif changed:
+                self._guard(partial(self._reload, {p: self.fences[p] for p in changed}, False))
+            due = self._wheel.advance(now)
+            if len(due) or (self._retry and now >= self._retry_at):
+                self._dispatch(due)
+            after = self.clock.now_ms()
+            # Sleep to the next tick boundary so ticks do not drift.
+            self.clock.sleep((cfg.tick_ms - after % cfg.tick_ms) / 1000)
 
     def _guard(self, call: Callable[[], T]) -> T | None:
         """Run a backend call; a failure is logged and retried on a later tick."""
@@ -131,31 +175,27 @@ class PartitionLeader:
             log.warning("backend call failed, will retry: %s: %s", type(exc).__name__, exc)
             return None
 
-    def _coordinate(self, now: int) -> bool:
-        """Poll the coordinator; True when partitions were gained."""
-        owned = self._guard(lambda: self.coordinator.poll(self.holder, now))
-        if owned is None:
-            return False
+    def _take(self, owned: dict[int, int]) -> bool:
+        """Act on what the coordinator granted; True when partitions were gained."""
         lost = [p for p in self.fences if self.fences[p] != owned.get(p)]
         gained = {p: f for p, f in owned.items() if self.fences.get(p) != f}
         if lost:
             log.warning("no longer leading partitions %s", _ranges(lost))
             self._forget(set(lost))
         if gained:
-            if self.claims is not None:
-                for p, fence in gained.items():
-                    self.claims.raise_fence(p, fence)
             self._standby_logged = False
+            claims = self.claims
+            if claims is not None:
+                for p, fence in gained.items():
+                    self._guard(partial(claims.raise_fence, p, fence))
             fences = sorted(set(gained.values()))
             log.info("leading partitions %s with fence %s", _ranges(gained), ", ".join(map(str, fences)))
-        elif not owned and (lost or not self.fences):
-            self._log_standby(now)
         self.fences = dict(owned)
+        if not owned:
+            self._log_standby()
         return bool(gained)
 
-    _standby_logged = False
-
-    def _log_standby(self, now: int) -> None:
+    def _log_standby(self) -> None:
         if not self._standby_logged:
             leaders = self._guard(self.coordinator.leaders) or {}
             holders = sorted({lease.holder for lease in leaders.values()})
@@ -170,7 +210,7 @@ class PartitionLeader:
 
     # -- loading --------------------------------------------------------------
 
-    def _reload(self, fences: dict[int, int]) -> None:
+    def _reload(self, fences: dict[int, int], idle: bool) -> bool:
         now = self.clock.now_ms()
         horizon = now + self.config.horizon_ms
         rows = self.store.due_runs(fences, horizon, now)
@@ -179,7 +219,14 @@ class PartitionLeader:
         for run_id in [r for r, row in self._pending.items() if row[4] in fences and r not in fresh]:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
-        self._add(rows, horizon)
+        self._add([row for row in rows if row[0] not in self._sent], horizon)
+        if idle and not self._retry:
+            # Nothing of these partitions is left unsent up to now: say so, so
+            # the watermarks of quiet partitions keep up too.
+            self.store.finish_dispatch([], fences, now, next_run)
+            cutoff = now - 2 * self.config.horizon_ms
+            self._sent = {r: d for r, d in self._sent.items() if d >= cutoff}
+        return True
 
     def _add(self, rows: list[DueRow], horizon: int) -> None:
         for row in rows:
@@ -216,6 +263,8 @@ class PartitionLeader:
             )
             return
         self._failures = 0
+        for row in sent:
+            self._sent[row[0]] = row[3]
         if self.on_dispatch is not None:
             for row in sent:
                 self.on_dispatch(_event(row, now, fences[row[4]]))

@@ -97,9 +97,9 @@ class ScheduleStore(Protocol):
         """Runs of a job, newest first."""
         ...
 
-    def change_token(self) -> int:
-        """A number that changes whenever jobs are added, cancelled or
-        rescheduled: the leader polls it to reload early."""
+    def change_versions(self) -> dict[int, int]:
+        """Per partition, a number that changes whenever a job of it is
+        added, cancelled or rescheduled: leaders poll it to reload early."""
         ...
 
     def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:

@@ -86,7 +86,11 @@ def dispatch(
 
 
 def test_add_then_read(backend: Backend) -> None:
+    before = backend.store.change_versions()
     rec = backend.store.add_job(cron_job(), 1, 250, PlannedRun(T0 + 10_000, T0 + 10_250), T0)
+    after = backend.store.change_versions()
+    assert after.get(1) != before.get(1)
+    assert {p: v for p, v in after.items() if p != 1} == {p: v for p, v in before.items() if p != 1}
     assert rec.state == "active"
     assert rec.next_run == PlannedRun(T0 + 10_000, T0 + 10_250)
     assert backend.store.get_job("every-10s") == rec
@@ -95,13 +99,13 @@ def test_add_then_read(backend: Backend) -> None:
 
 def test_duplicate_id_changes_nothing(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 1, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
-    token = backend.store.change_token()
+    versions = backend.store.change_versions()
     with pytest.raises(JobExists):
         backend.store.add_job(cron_job(expr="0 * * * *"), 1, 0, PlannedRun(T0 + 5, T0 + 5), T0)
     rec = backend.store.get_job("every-10s")
     assert rec.job.schedule.model_dump()["expr"] == "*/10 * * * * *"
     assert [d for _, d in due(backend, T0 + 10**9, 1, T0)] == [T0 + 10_000]
-    assert backend.store.change_token() == token
+    assert backend.store.change_versions() == versions
 
 
 def test_dispatch_hands_each_run_on_once_and_plans_the_next(backend: Backend) -> None:

@@ -69,7 +69,7 @@ class SQLiteScheduleStore:
                 raise JobExists(f"job {job.id!r} already exists") from None
             if first is not None:
                 self._insert_run(conn, job.id, partition, first)
-            self._bump(conn)
+            self._bump(conn, partition)
         return self.get_job(job.id)
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
@@ -95,12 +95,12 @@ class SQLiteScheduleStore:
                     " due_ms = excluded.due_ms, ended_at_ms = NULL WHERE runs.state = 'cancelled'",
                     (job.id, first.run_at_ms, first.due_ms, row[1]),
                 )
-            self._bump(conn)
+            self._bump(conn, row[1])
         return self.get_job(job.id)
 
     def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
         with self.db.transaction() as conn:
-            row = conn.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            row = conn.execute("SELECT state, partition FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             if row is None:
                 raise JobNotFound(f"no job {job_id!r}")
             if row[0] == "cancelled":
@@ -110,7 +110,7 @@ class SQLiteScheduleStore:
                 (now_ms, job_id),
             )
             conn.execute("UPDATE jobs SET state = 'cancelled', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id))
-            self._bump(conn)
+            self._bump(conn, row[1])
         return self.get_job(job_id)
 
     # -- reading --------------------------------------------------------------
@@ -146,9 +146,9 @@ class SQLiteScheduleStore:
         )
         return [RunRecord(*r) for r in rows]
 
-    def change_token(self) -> int:
-        row = self.db.connection().execute("SELECT value FROM meta WHERE key = 'schedule_version'").fetchone()
-        return 0 if row is None else int(row[0])
+    def change_versions(self) -> dict[int, int]:
+        rows = self.db.connection().execute("SELECT partition, version FROM partition_changes").fetchall()
+        return {int(p): int(v) for p, v in rows}
 
     def watermarks(self) -> dict[int, int]:
         rows = self.db.connection().execute("SELECT partition, fired_through_ms FROM watermarks").fetchall()
@@ -268,10 +268,11 @@ class SQLiteScheduleStore:
         return cur.lastrowid if cur.rowcount == 1 else None
 
     @staticmethod
-    def _bump(conn: sqlite3.Connection) -> None:
+    def _bump(conn: sqlite3.Connection, partition: int) -> None:
         conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('schedule_version', 1)"
-            " ON CONFLICT (key) DO UPDATE SET value = value + 1"
+            "INSERT INTO partition_changes (partition, version) VALUES (?, 1)"
+            " ON CONFLICT (partition) DO UPDATE SET version = version + 1",
+            (partition,),
         )
 
     def _job_record(self, job_id: str, row: Sequence[object]) -> JobRecord:

@@ -1,0 +1,73 @@
+"""Where the distributed engine's servers are: a TOML file or environment.
+
+    [cluster]
+    etcd = "127.0.0.1:2379"
+    cassandra = "127.0.0.1:9042"
+    kafka = "127.0.0.1:9092"
+    redis = "redis://127.0.0.1:6379/0"
+    keyspace = "pysched"            # optional from here on
+    topic = "pysched-dispatch"
+    partitions = 64
+    kafka_partitions = 16
+
+Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used, with the file and field named."""
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    etcd: str = Field(description="host:port of an etcd client URL")
+    cassandra: str = Field(description="host:port of a CQL contact point")
+    kafka: str = Field(description="Kafka bootstrap servers")
+    redis: str = Field(description="redis:// URL")
+    keyspace: str = Field(default="pysched", pattern=r"^[a-z][a-z0-9_]{0,47}$")
+    topic: str = Field(default="pysched-dispatch", pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    partitions: int = Field(default=64, ge=1, le=4096)
+    kafka_partitions: int = Field(default=16, ge=1, le=1024)
+    replication_factor: int = Field(default=1, ge=1)
+    lease_ttl_s: int = Field(default=10, ge=2, le=300)
+
+
+def load(path: str | Path | None) -> ClusterConfig:
+    values: dict[str, object] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not TOML: {exc}") from None
+        section = raw.get("cluster")
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: no [cluster] table")
+        values.update(section)
+    for name in ClusterConfig.model_fields:
+        env = os.environ.get(f"PYSCHED_{name.upper()}")
+        if env is not None:
+            values[name] = env
+    try:
+        return ClusterConfig.model_validate(values)
+    except ValidationError as exc:
+        where = f"{path}: " if path else ""
+        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{where}{fields}") from None
+
+
+def host_port(value: str, default_port: int) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host:
+        return value, default_port
+    return host, int(port)
