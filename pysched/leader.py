@@ -31,7 +31,7 @@ import numpy as np
 from pysched import native
 from pysched.clock import Clock
 from pysched.planning import next_run
-from pysched.protocols import Coordinator, Dispatcher, DispatchRow, DueRow, IdempotencyClaims, ScheduleStore
+from pysched.protocols import Coordinator, Dispatcher, DispatchRow, DueRow, ScheduleStore
 
 log = logging.getLogger("pysched.leader")
 T = TypeVar("T")
@@ -74,7 +74,6 @@ class PartitionLeader:
         holder: str,
         config: LeaderConfig | None = None,
         on_dispatch: Callable[[RunDispatched], None] | None = None,
-        claims: IdempotencyClaims | None = None,
     ) -> None:
         self.store = store
         self.coordinator = coordinator
@@ -83,7 +82,6 @@ class PartitionLeader:
         self.holder = holder
         self.config = config or LeaderConfig()
         self.on_dispatch = on_dispatch
-        self.claims = claims
         self.fences: dict[int, int] = {}  # what the tick loop acts on
         self._owned: dict[int, int] = {}  # what the coordinator last granted
         self._owned_lock = threading.Lock()
@@ -184,10 +182,6 @@ class PartitionLeader:
             self._forget(set(lost))
         if gained:
             self._standby_logged = False
-            claims = self.claims
-            if claims is not None:
-                for p, fence in gained.items():
-                    self._guard(partial(claims.raise_fence, p, fence))
             fences = sorted(set(gained.values()))
             log.info("leading partitions %s with fence %s", _ranges(gained), ", ".join(map(str, fences)))
         self.fences = dict(owned)

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from pysched.claims.sqlite import SQLiteClaims
 from pysched.clock import Clock, SystemClock
+from pysched.config import ClusterConfig
 from pysched.coord.local import SQLiteLeaseCoordinator
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.planning import DEFAULT_PARTITIONS
+from pysched.protocols import Coordinator, Dispatcher, IdempotencyClaims, Lease, ScheduleStore
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import SQLiteDatabase
 from pysched.worker import WorkerConfig, WorkerPool
@@ -27,12 +29,17 @@ def node_id() -> str:
 
 
 @dataclass
-class EmbeddedBackends:
+class Backends:
+    store: ScheduleStore
+    claims: IdempotencyClaims
+    coordinator: Coordinator
+    dispatcher: Dispatcher
+    close: Callable[[], None]
+
+
+@dataclass
+class EmbeddedBackends(Backends):
     db: SQLiteDatabase
-    store: SQLiteScheduleStore
-    claims: SQLiteClaims
-    coordinator: SQLiteLeaseCoordinator
-    dispatcher: InProcessDispatcher
 
 
 def open_embedded(
@@ -40,20 +47,79 @@ def open_embedded(
 ) -> EmbeddedBackends:
     db = SQLiteDatabase(path)
     return EmbeddedBackends(
-        db=db,
         store=SQLiteScheduleStore(db),
         claims=SQLiteClaims(db),
         coordinator=SQLiteLeaseCoordinator(db, partitions, ttl_ms=lease_ttl_ms),
         dispatcher=InProcessDispatcher(),
+        close=db.close,
+        db=db,
     )
 
 
-class EmbeddedNode:
-    """`pysched up`: a leader (or standby) and a worker pool in one process."""
+def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
+    """Connect to the servers, creating the keyspace and topic if missing.
+    An unreachable server raises ConnectionError naming it and its address."""
+    # Imported here: only a cluster node needs the drivers.
+    from pysched.claims.redis_cassandra import RedisCassandraClaims, connect_redis
+    from pysched.dispatch.kafka import KafkaDispatcher, ensure_topic
+    from pysched.stores.cassandra import CassandraScheduleStore, connect, ensure_schema
+
+    session = connect(config)
+    ensure_schema(session, config)
+    redis_client = connect_redis(config.redis)
+    ensure_topic(config)
+    claims = RedisCassandraClaims(redis_client, session, config)
+    coord: Coordinator
+    closers: list[Callable[[], None]] = []
+    if coordinator:
+        from pysched.coord.etcd import EtcdCoordinator
+
+        etcd = EtcdCoordinator(config, publish_fence=claims.raise_fence)
+        closers.append(etcd.close)
+        coord = etcd
+    else:
+        coord = _NoCoordinator()
+    dispatcher = KafkaDispatcher(config)
+
+    def close() -> None:
+        dispatcher.close()
+        for closer in closers:
+            closer()
+        redis_client.close()
+        session.cluster.shutdown()
+
+    return Backends(CassandraScheduleStore(session, config), claims, coord, dispatcher, close)
+
+
+def open_cluster_store(config: ClusterConfig) -> tuple[ScheduleStore, Callable[[], None]]:
+    """Just the schedule store, for commands that only read or register."""
+    from pysched.stores.cassandra import CassandraScheduleStore, connect, ensure_schema
+
+    session = connect(config)
+    ensure_schema(session, config)
+    return CassandraScheduleStore(session, config), session.cluster.shutdown
+
+
+class _NoCoordinator:
+    """For processes that only read or register (CLI) or only execute (workers)."""
+
+    def poll(self, holder: str, now_ms: int) -> dict[int, int]:
+        return {}
+
+    def release(self, holder: str) -> None:
+        pass
+
+    def leaders(self) -> dict[int, Lease]:
+        return {}
+
+
+class Node:
+    """`pysched up`: a leader (or standby) and a worker pool in one process;
+    `pysched worker`: the worker pool alone."""
 
     def __init__(
         self,
-        backends: EmbeddedBackends,
+        backends: Backends,
         clock: Clock | None = None,
         holder: str | None = None,
         leader_config: LeaderConfig | None = None,
@@ -76,11 +142,15 @@ class EmbeddedNode:
             backends.dispatcher, backends.claims, backends.store, self.clock, self.holder, worker_config
         )
 
-    def run(self, stop: threading.Event, drain_s: float = 10.0) -> None:
-        self.workers.start(stop)
+    def run(self, stop: threading.Event, lead: bool = True, work: bool = True, drain_s: float = 10.0) -> None:
+        if work:
+            self.workers.start(stop)
         try:
-            self.leader.run(stop)
+            if lead:
+                self.leader.run(stop)
+            else:
+                stop.wait()
         finally:
             stop.set()
-            self.backends.dispatcher.close()
             self.workers.join(drain_s)
+            self.backends.dispatcher.close()

@@ -105,7 +105,9 @@ class ScheduleStore(Protocol):
     def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
         """Runs of the given partitions due before ``horizon_ms`` that their
         leader must hand on: not yet handed on, or handed on by a predecessor
-        whose work may have died with it."""
+        whose work may have died with it. A store whose watermark trails
+        "now" may also return runs handed on in the last seconds; the leader
+        skips those it sent itself."""
         ...
 
     def begin_dispatch(self, rows: Sequence[DueRow], fences: Fences, now_ms: int) -> list[DispatchRow]:
@@ -117,8 +119,10 @@ class ScheduleStore(Protocol):
         self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
     ) -> list[DueRow]:
         """After the dispatcher has the rows durably: record them, plan each
-        recurring job's next run, then move the partitions' watermarks past
-        them. Returns the runs it planned."""
+        recurring job's next run, then move the partitions' watermarks. The
+        caller vouches that every run of these partitions due by ``now_ms``
+        has been handed on (an empty ``rows`` says so for quiet partitions).
+        Returns the runs it planned."""
         ...
 
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> None: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 from datetime import datetime
@@ -10,7 +11,9 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 
-from pysched.protocols import JobRecord, RunRecord
+from pysched.config import ClusterConfig, ConfigError
+from pysched.config import load as load_config
+from pysched.protocols import JobRecord, RunRecord, ScheduleStore
 from pysched.stores.sqlite import SQLiteScheduleStore
 
 DbOption = Annotated[
@@ -18,6 +21,12 @@ DbOption = Annotated[
     typer.Option("--db", envvar="PYSCHED_DB", help="SQLite database of the embedded scheduler."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        "--config", envvar="PYSCHED_CONFIG", help="TOML file naming the cluster's servers; without it, the --db file."
+    ),
+]
 DEFAULT_DB = "pysched.db"
 
 
@@ -38,10 +47,25 @@ def fail_validation(exc: ValidationError) -> NoReturn:
     fail("; ".join(lines))
 
 
-def open_store(db: str) -> SQLiteScheduleStore:
+def cluster_config(path: str) -> ClusterConfig:
     try:
-        return SQLiteScheduleStore(db)
-    except OSError as exc:
+        return load_config(path)
+    except ConfigError as exc:
+        fail(f"--config: {exc}")
+
+
+def open_store(db: str, config: str | None = None) -> ScheduleStore:
+    """The embedded database, or the cluster's store when --config is given.
+    An unreachable server is an error naming it, not a traceback."""
+    try:
+        if config is None:
+            return SQLiteScheduleStore(db)
+        from pysched.node import open_cluster_store
+
+        store, close = open_cluster_store(cluster_config(config))
+        atexit.register(close)
+        return store
+    except (OSError, ConnectionError) as exc:
         fail(str(exc))
 
 

@@ -15,6 +15,7 @@ from rich.table import Table
 from pysched import cron
 from pysched.cli.common import (
     DEFAULT_DB,
+    ConfigOption,
     DbOption,
     JsonOption,
     echo_json,
@@ -110,6 +111,7 @@ def add(
     ] = None,
     critical: Annotated[bool, typer.Option("--critical", help="Time-critical: no jitter.")] = False,
     db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Register a job; acknowledged once it is committed."""
@@ -131,15 +133,15 @@ def add(
     except ValidationError as exc:
         fail_validation(exc)
     try:
-        rec = register(open_store(db), job, _now_ms())
+        rec = register(open_store(db, config), job, _now_ms())
     except JobExists as exc:
         fail(f"id: {exc}")
     _print_job(rec, as_json, "added")
 
 
-def ls(db: DbOption = DEFAULT_DB, as_json: JsonOption = False) -> None:
+def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """List jobs."""
-    records = open_store(db).list_jobs()
+    records = open_store(db, config).list_jobs()
     if as_json:
         echo_json([job_json(r) for r in records])
         return
@@ -150,10 +152,13 @@ def ls(db: DbOption = DEFAULT_DB, as_json: JsonOption = False) -> None:
 
 
 def show(
-    job_id: Annotated[str, typer.Argument(metavar="ID")], db: DbOption = DEFAULT_DB, as_json: JsonOption = False
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Show one job."""
-    store = open_store(db)
+    store = open_store(db, config)
     try:
         rec = store.get_job(job_id)
     except JobNotFound as exc:
@@ -172,11 +177,12 @@ def history(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     limit: Annotated[int, typer.Option("--limit", min=1, help="Newest runs to show.")] = 50,
     db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Runs of a job, newest first, with their fire lag."""
     try:
-        runs = open_store(db).history(job_id, limit)
+        runs = open_store(db, config).history(job_id, limit)
     except JobNotFound as exc:
         fail(str(exc), 1)
     if as_json:
@@ -198,11 +204,14 @@ def history(
 
 
 def cancel(
-    job_id: Annotated[str, typer.Argument(metavar="ID")], db: DbOption = DEFAULT_DB, as_json: JsonOption = False
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Cancel a job's pending runs; its history stays."""
     try:
-        rec = open_store(db).cancel_job(job_id, _now_ms())
+        rec = open_store(db, config).cancel_job(job_id, _now_ms())
     except JobNotFound as exc:
         fail(str(exc), 1)
     except JobNotActive as exc:
@@ -217,6 +226,7 @@ def reschedule_cmd(
     at: Annotated[str | None, typer.Option("--at", help="New one-shot ISO 8601 time.")] = None,
     in_s: Annotated[float | None, typer.Option("--in", help="New one-shot delay in seconds.")] = None,
     db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Give a job a new schedule; pending runs are replaced."""
@@ -228,7 +238,7 @@ def reschedule_cmd(
     except ValidationError as exc:
         fail_validation(exc)
     try:
-        rec = reschedule(open_store(db), job_id, schedule, _now_ms())
+        rec = reschedule(open_store(db, config), job_id, schedule, _now_ms())
     except JobNotFound as exc:
         fail(str(exc), 1)
     except JobNotActive as exc:

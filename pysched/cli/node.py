@@ -12,10 +12,10 @@ from typing import Annotated
 
 import typer
 
-from pysched.cli.common import DEFAULT_DB, DbOption, JsonOption, echo_json, fail, iso
+from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, JsonOption, cluster_config, echo_json, fail, iso
 from pysched.demo import register_demo_jobs
 from pysched.leader import RunDispatched
-from pysched.node import EmbeddedNode, open_embedded
+from pysched.node import Backends, Node, open_cluster, open_embedded
 from pysched.worker import WorkerConfig
 
 log = logging.getLogger("pysched")
@@ -32,16 +32,20 @@ def _log_fire(event: RunDispatched) -> None:
     )
 
 
-def up(
-    db: DbOption = DEFAULT_DB,
-    workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Worker threads.")] = 4,
-    demo: Annotated[bool, typer.Option("--demo", help="Register a few demo jobs that fire within seconds.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="Do not log each fire.")] = False,
-) -> None:
-    """Run the embedded scheduler and a worker pool in this process.
+WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="Worker threads (0: none).")]
+QuietOption = Annotated[bool, typer.Option("--quiet", help="Do not log each fire and run.")]
 
-    A second `pysched up` on the same database stands by and takes over,
-    with a higher fence, when the first stops or dies."""
+
+def _open(db: str, config: str | None, coordinator: bool = True) -> Backends:
+    try:
+        if config is None:
+            return open_embedded(db)
+        return open_cluster(cluster_config(config), coordinator=coordinator)
+    except (OSError, ConnectionError) as exc:
+        fail(str(exc))
+
+
+def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str) -> None:
     logging.basicConfig(
         level=logging.WARNING if quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -49,13 +53,7 @@ def up(
     )
     # Python targets named module:function resolve against the working directory.
     sys.path.insert(0, str(Path.cwd()))
-    try:
-        backends = open_embedded(db)
-    except OSError as exc:
-        fail(str(exc))
-    if demo:
-        register_demo_jobs(backends.store, time.time_ns() // 1_000_000)
-    node = EmbeddedNode(backends, worker_config=WorkerConfig(concurrency=workers), on_dispatch=_log_fire)
+    node = Node(backends, worker_config=WorkerConfig(concurrency=workers), on_dispatch=_log_fire)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:
@@ -64,33 +62,69 @@ def up(
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    log.info("pysched node %s up on %s", node.holder, db)
-    node.run(stop)
-
-
-def status(db: DbOption = DEFAULT_DB, as_json: JsonOption = False) -> None:
-    """Who leads, with which fence, and the per-partition watermarks."""
+    log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
     try:
-        backends = open_embedded(db)
-    except OSError as exc:
-        fail(str(exc))
-    lease = backends.coordinator.current()
-    now = time.time_ns() // 1_000_000
-    counts = dict(backends.db.connection().execute("SELECT state, count(*) FROM runs GROUP BY state").fetchall())
-    data = {
-        "leader": lease.holder if lease and lease.expires_at_ms > now else None,
-        "fence": lease.fence if lease else None,
-        "lease_expires_at": iso(lease.expires_at_ms) if lease else None,
-        "runs": counts,
-        "watermarks": {str(p): iso(t) for p, t in sorted(backends.store.watermarks().items())},
-    }
+        node.run(stop, lead=lead, work=workers > 0)
+    finally:
+        backends.close()
+
+
+def up(
+    db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
+    workers: WorkersOption = 4,
+    demo: Annotated[bool, typer.Option("--demo", help="Register a few demo jobs that fire within seconds.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Run the scheduler and a worker pool in this process.
+
+    Embedded (--db): a second `pysched up` on the same database stands by and
+    takes over, with a higher fence, when the first stops or dies. Cluster
+    (--config): every node leads its share of the partitions."""
+    backends = _open(db, config)
+    if demo:
+        register_demo_jobs(backends.store, time.time_ns() // 1_000_000)
+    _serve(backends, workers, quiet, lead=True, where=config or db)
+
+
+def worker(
+    config: Annotated[str, typer.Option("--config", envvar="PYSCHED_CONFIG", help="TOML file naming the servers.")],
+    workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Worker threads.")] = 4,
+    quiet: QuietOption = False,
+) -> None:
+    """Run executors only, consuming the cluster's dispatch topic."""
+    _serve(_open(DEFAULT_DB, config, coordinator=False), workers, quiet, lead=False, where=config)
+
+
+def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Who leads which partitions, with which fence, and the watermarks."""
+    backends = _open(db, config)
+    try:
+        now = time.time_ns() // 1_000_000
+        leaders = backends.coordinator.leaders()
+        by_holder: dict[str, dict[str, list[int]]] = {}
+        for p, lease in sorted(leaders.items()):
+            if lease.expires_at_ms and lease.expires_at_ms <= now:
+                continue  # an embedded lease that ran out: nobody leads
+            by_holder.setdefault(lease.holder, {}).setdefault(str(lease.fence), []).append(p)
+        data = {
+            "leaders": {h: {"fences": f, "partitions": sum(len(v) for v in f.values())} for h, f in by_holder.items()},
+            "watermarks": {str(p): iso(t) for p, t in sorted(backends.store.watermarks().items())},
+        }
+    finally:
+        backends.close()
     if as_json:
         echo_json(data)
         return
-    typer.echo(f"leader: {data['leader'] or 'none'} (fence {data['fence']})")
-    typer.echo("runs: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if not by_holder:
+        typer.echo("leader: none")
+    for holder, fences in by_holder.items():
+        typer.echo(
+            f"leader: {holder}: {sum(len(v) for v in fences.values())} partitions, fence " + ", ".join(sorted(fences))
+        )
 
 
 def register_commands(app: typer.Typer) -> None:
     app.command()(up)
+    app.command()(worker)
     app.command()(status)

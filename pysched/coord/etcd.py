@@ -1,0 +1,175 @@
+"""The distributed coordinator: a leader per partition, elected in etcd.
+
+Each node holds one etcd lease (TTL ``lease_ttl_s``) and keeps it alive from
+its coordinator thread; nothing per run touches etcd. Under that lease it
+writes ``{prefix}/nodes/{holder}`` to say it is alive. The partitions are
+shared round-robin over the sorted live nodes, so they spread evenly and move
+when a node joins or leaves. A node takes a partition it should lead with a
+put-if-absent transaction on ``{prefix}/leaders/{p}`` bound to its lease; the
+fence is that key's mod revision, which etcd makes strictly increasing. When
+a node dies its lease expires, its keys vanish, and the others take over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import aetcd
+
+from pysched.config import ClusterConfig, host_port
+from pysched.protocols import Lease
+
+log = logging.getLogger("pysched.etcd")
+T = TypeVar("T")
+
+
+class EtcdCoordinator:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        publish_fence: Callable[[int, int], None] | None = None,
+        prefix: str | None = None,
+        call_timeout_s: float = 5.0,
+    ) -> None:
+        self.partitions = config.partitions
+        self.ttl_s = config.lease_ttl_s
+        self.prefix = (prefix or f"/pysched/{config.keyspace}").rstrip("/")
+        self.publish_fence = publish_fence
+        self.endpoint = config.etcd
+        self.call_timeout_s = call_timeout_s
+        host, port = host_port(config.etcd, 2379)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pysched-etcd", daemon=True)
+        self._thread.start()
+        self._client = self._call(self._connect(host, port))
+        # Per holder: one node is one holder, but nothing forbids sharing.
+        self._leases: dict[str, tuple[aetcd.Lease, float]] = {}
+        self._owned: dict[str, dict[int, int]] = {}
+
+    async def _connect(self, host: str, port: int) -> aetcd.Client:
+        client = aetcd.Client(host=host, port=port, timeout=int(self.call_timeout_s))
+        try:
+            await client.status()
+        except Exception as exc:
+            raise ConnectionError(f"etcd at {host}:{port} is unreachable: {type(exc).__name__}: {exc}") from None
+        return client
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.call_timeout_s * 2)
+
+    def _key(self, kind: str, name: object) -> bytes:
+        return f"{self.prefix}/{kind}/{name}".encode()
+
+    # -- the Coordinator protocol --------------------------------------------
+
+    def poll(self, holder: str, now_ms: int) -> dict[int, int]:
+        try:
+            return self._call(self._poll(holder))
+        except Exception:
+            # Unsure whether the lease lives: lead nothing until it is proven.
+            owned = self._owned.pop(holder, {})
+            if owned:
+                log.warning("etcd at %s unreachable: giving up %d partitions", self.endpoint, len(owned))
+            self._leases.pop(holder, None)
+            raise
+
+    def release(self, holder: str) -> None:
+        self._call(self._release(holder))
+
+    def leaders(self) -> dict[int, Lease]:
+        return self._call(self._leaders())
+
+    def close(self) -> None:
+        try:
+            self._call(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    # -- the work, on the event loop -----------------------------------------
+
+    async def _ensure_lease(self, holder: str) -> aetcd.Lease:
+        now = time.monotonic()
+        if holder in self._leases:
+            lease, refreshed = self._leases[holder]
+            if now - refreshed < self.ttl_s / 4:
+                return lease
+            if await lease.remaining_ttl() > 0:
+                await lease.refresh()
+                self._leases[holder] = (lease, now)
+                return lease
+            log.warning("etcd lease of %s expired: its partitions are gone", holder)
+            self._owned.pop(holder, None)
+        lease = await self._client.lease(self.ttl_s)
+        self._leases[holder] = (lease, now)
+        await self._client.put(self._key("nodes", holder), b"1", lease=lease)
+        return lease
+
+    async def _poll(self, holder: str) -> dict[int, int]:
+        lease = await self._ensure_lease(holder)
+        nodes = sorted(
+            kv.key.decode().rsplit("/", 1)[1] for kv in await self._client.get_prefix(self._key("nodes", ""))
+        )
+        if holder not in nodes:
+            await self._client.put(self._key("nodes", holder), b"1", lease=lease)
+            nodes = sorted([*nodes, holder])
+        desired = {p for p in range(self.partitions) if nodes[p % len(nodes)] == holder}
+        leaders = await self._leaders()
+        owned: dict[int, int] = {}
+        before = self._owned.get(holder, {})
+        for p, current in leaders.items():
+            if current.holder == holder and before.get(p) == current.fence:
+                owned[p] = current.fence
+        for p in sorted(set(owned) - desired):
+            # Hand it over: another node should lead it now.
+            key = self._key("leaders", p)
+            await self._client.transaction(
+                compare=[self._client.transactions.value(key) == holder.encode()],
+                success=[self._client.transactions.delete(key)],
+                failure=[],
+            )
+            del owned[p]
+        for p in sorted(desired - set(owned)):
+            if p in leaders and leaders[p].holder != holder:
+                continue  # still held by its previous leader: wait for its hand-over or its lease
+            key = self._key("leaders", p)
+            won, responses = await self._client.transaction(
+                compare=[self._client.transactions.create(key) == 0],
+                success=[
+                    self._client.transactions.put(key, holder.encode(), lease=lease),
+                    self._client.transactions.get(key),
+                ],
+                failure=[],
+            )
+            if won:
+                fence = int(responses[1][0][1].mod_revision)
+                if self.publish_fence is not None:
+                    self.publish_fence(p, fence)
+                owned[p] = fence
+        self._owned[holder] = owned
+        return dict(owned)
+
+    async def _release(self, holder: str) -> None:
+        for p in list(self._owned.pop(holder, {})):
+            key = self._key("leaders", p)
+            await self._client.transaction(
+                compare=[self._client.transactions.value(key) == holder.encode()],
+                success=[self._client.transactions.delete(key)],
+                failure=[],
+            )
+        await self._client.delete(self._key("nodes", holder))
+        lease = self._leases.pop(holder, None)
+        if lease is not None:
+            await lease[0].revoke()
+
+    async def _leaders(self) -> dict[int, Lease]:
+        out: dict[int, Lease] = {}
+        for kv in await self._client.get_prefix(self._key("leaders", "")):
+            p = int(kv.key.decode().rsplit("/", 1)[1])
+            out[p] = Lease(kv.value.decode(), int(kv.mod_revision), 0)
+        return out

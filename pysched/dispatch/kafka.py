@@ -1,0 +1,155 @@
+"""The distributed dispatcher: Kafka.
+
+Leaders produce each due run to the topic, to the Kafka partition of its
+schedule partition, and wait until the broker acknowledged every record
+(acks=all, idempotent producer) before the store's watermark moves. The topic
+records ``LogAppendTime``: the broker's clock says when each run was handed
+on, which is what fire lag is measured against.
+
+Workers form one consumer group. A record is committed only after its run is
+done, so a worker that dies mid-run leaves it to be delivered again; the
+session timeout (10 s, not the default 45 s) lets its partitions move on well
+within the 30 s a dead worker's run may wait.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from pysched.config import ClusterConfig
+from pysched.protocols import Delivery
+
+log = logging.getLogger("pysched.kafka")
+
+SESSION_TIMEOUT_MS = 10_000
+# A long run blocks its consumer thread; it must not be taken for dead while
+# its heartbeats (sent by librdkafka's own thread) keep coming.
+MAX_POLL_INTERVAL_MS = 7 * 3_600_000
+
+
+class DispatchError(RuntimeError):
+    """Some records were not acknowledged by the broker."""
+
+
+def ensure_topic(config: ClusterConfig, timeout_s: float = 30) -> None:
+    admin = AdminClient({"bootstrap.servers": config.kafka, "log_level": 3})
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise ConnectionError(f"kafka at {config.kafka} is unreachable: {exc}") from None
+    if config.topic in metadata.topics:
+        return
+    futures = admin.create_topics(
+        [
+            NewTopic(
+                config.topic,
+                num_partitions=config.kafka_partitions,
+                replication_factor=config.replication_factor,
+                config={"message.timestamp.type": "LogAppendTime"},
+            )
+        ],
+        operation_timeout=timeout_s,
+        request_timeout=timeout_s,
+    )
+    for future in futures.values():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
+class KafkaConsumer:
+    def __init__(self, config: ClusterConfig, group: str) -> None:
+        self.topic = config.topic
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": config.kafka,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "heartbeat.interval.ms": 2_000,
+                "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
+                "log_level": 3,
+            }
+        )
+        self._consumer.subscribe([config.topic])
+
+    def next(self, timeout_s: float) -> Delivery | None:
+        msg: Message | None = self._consumer.poll(timeout_s)
+        if msg is None:
+            return None
+        if msg.error():
+            log.warning("kafka consumer: %s", msg.error())
+            return None
+        _, appended_at = msg.timestamp()
+        return Delivery(msg.value() or b"", int(appended_at), msg)
+
+    def ack(self, delivery: Delivery) -> None:
+        # Asynchronous: a lost commit only means one more delivery, which the
+        # idempotency claim absorbs.
+        assert isinstance(delivery.token, Message)
+        self._consumer.commit(message=delivery.token, asynchronous=True)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class KafkaDispatcher:
+    def __init__(self, config: ClusterConfig, group: str = "pysched-workers") -> None:
+        self.config = config
+        self.group = group
+        self._producer: Producer | None = None
+        self._failed: list[str] = []
+
+    def _get_producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(
+                {
+                    "bootstrap.servers": self.config.kafka,
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "linger.ms": 1,
+                    "batch.num.messages": 10_000,
+                    "queue.buffering.max.messages": 1_000_000,
+                    "log_level": 3,
+                }
+            )
+        return self._producer
+
+    def _on_delivery(self, err: Any, msg: Message) -> None:
+        if err is not None:
+            self._failed.append(str(err))
+
+    def publish(self, batch: Sequence[tuple[int, bytes]]) -> None:
+        producer = self._get_producer()
+        self._failed = []
+        parts = self.config.kafka_partitions
+        for partition, payload in batch:
+            while True:
+                try:
+                    producer.produce(
+                        self.config.topic, payload, partition=partition % parts, on_delivery=self._on_delivery
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        remaining = producer.flush(30)
+        if remaining or self._failed:
+            raise DispatchError(
+                f"kafka at {self.config.kafka}: {remaining} records unacknowledged, "
+                f"{len(self._failed)} failed ({'; '.join(sorted(set(self._failed))[:3])})"
+            )
+
+    def consumer(self) -> KafkaConsumer:
+        return KafkaConsumer(self.config, self.group)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)

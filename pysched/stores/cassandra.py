@@ -1,0 +1,441 @@
+"""The distributed schedule store: Cassandra.
+
+Tables (keyspace from the config):
+
+- ``jobs``: one row per job, its spec and state, and where its next run is.
+- ``schedule``: the runs waiting to fire, partitioned by ``(time_bucket,
+  shard)`` (the minute of the due time, the job's partition) and clustered by
+  due time, so a leader reads "partition p, the next two minutes" as a few
+  bounded slices; a :00 burst of 50,000 spreads over 64 shards (~800 rows).
+- ``runs``: each run's history, partitioned by job, newest first.
+- ``watermarks``: per partition, the due time up to which every run has been
+  durably handed on; a new leader starts there.
+- ``changes``: per partition, a counter bumped by registrations, which leaders
+  poll to reload early.
+- ``claims``: the authoritative idempotency claims (see claims/redis_cassandra).
+
+Writes that acknowledge a registration use QUORUM; job creation and state
+changes that must not race use lightweight transactions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
+from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
+from cassandra.query import PreparedStatement
+
+from pysched.config import ClusterConfig, host_port
+from pysched.model import Job
+from pysched.protocols import (
+    DispatchRow,
+    DueRow,
+    Fences,
+    JobExists,
+    JobNotActive,
+    JobNotFound,
+    JobRecord,
+    PlannedRun,
+    PlanNext,
+    RunRecord,
+)
+from pysched.records import DispatchRecord
+
+log = logging.getLogger("pysched.cassandra")
+
+BUCKET_MS = 60_000
+# How far the watermark trails "now": a registration that reaches the store
+# this late for its own due time is still picked up.
+SETTLE_MS = 10_000
+# A registration that died half-way holds its id this long.
+REGISTERING_GRACE_MS = 60_000
+
+
+class BackendUnavailable(ConnectionError):
+    """A server the node needs cannot be reached; the message names it."""
+
+
+def run_id_for(job_id: str, run_at_ms: int, attempt_group: int) -> int:
+    """A run's wheel handle, derived from its identity so that planning the
+    same run twice (after a failover) yields the same handle and rows."""
+    digest = hashlib.sha256(f"{job_id}:{run_at_ms}:{attempt_group}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def connect(config: ClusterConfig) -> Session:
+    host, port = host_port(config.cassandra, 9042)
+    profile = ExecutionProfile(
+        load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
+        consistency_level=ConsistencyLevel.QUORUM,
+        serial_consistency_level=ConsistencyLevel.SERIAL,
+        retry_policy=RetryPolicy(),
+        request_timeout=15,
+    )
+    cluster = Cluster(
+        [host],
+        port=port,
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        connect_timeout=5,
+        protocol_version=5,
+    )
+    try:
+        return cluster.connect()
+    except NoHostAvailable as exc:
+        cluster.shutdown()
+        raise BackendUnavailable(f"cassandra at {host}:{port} is unreachable: {exc}") from None
+
+
+SCHEMA = [
+    "CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}",
+    "CREATE TABLE IF NOT EXISTS {ks}.jobs (job_id text PRIMARY KEY, spec text, state text, partition int,"
+    " jitter_ms bigint, created_at_ms bigint, updated_at_ms bigint, next_run_at_ms bigint, next_due_ms bigint)",
+    "CREATE TABLE IF NOT EXISTS {ks}.schedule (time_bucket bigint, shard int, due_ms bigint, run_id bigint,"
+    " job_id text, run_at_ms bigint, attempt_group int, PRIMARY KEY ((time_bucket, shard), due_ms, run_id))",
+    "CREATE TABLE IF NOT EXISTS {ks}.runs (job_id text, run_at_ms bigint, attempt_group int, run_id bigint,"
+    " due_ms bigint, partition int, state text, attempt int, fence bigint, dispatched_at_ms bigint,"
+    " started_at_ms bigint, ended_at_ms bigint, worker text, error text, result text,"
+    " PRIMARY KEY ((job_id), run_at_ms, attempt_group)) WITH CLUSTERING ORDER BY (run_at_ms DESC, attempt_group ASC)",
+    "CREATE TABLE IF NOT EXISTS {ks}.watermarks (k int, partition int, fired_through_ms bigint,"
+    " PRIMARY KEY (k, partition))",
+    "CREATE TABLE IF NOT EXISTS {ks}.changes (k int, partition int, n counter, PRIMARY KEY (k, partition))",
+    "CREATE TABLE IF NOT EXISTS {ks}.claims (idem_key text PRIMARY KEY, run_id bigint, state text, holder text,"
+    " fence bigint, lease_expires_ms bigint, result text, updated_at_ms bigint)",
+]
+
+
+def ensure_schema(session: Session, config: ClusterConfig) -> None:
+    for statement in SCHEMA:
+        session.execute(statement.format(ks=config.keyspace, rf=config.replication_factor), timeout=60)
+    session.cluster.control_connection.wait_for_schema_agreement(wait_time=30)
+
+
+class CassandraScheduleStore:
+    def __init__(self, session: Session, config: ClusterConfig) -> None:
+        self.session = session
+        self.partitions = config.partitions
+        ks = config.keyspace
+        p = session.prepare
+        self._insert_job = p(
+            f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
+            " VALUES (?, ?, 'registering', ?, ?, ?, ?) IF NOT EXISTS"
+        )
+        self._retake_job = p(
+            f"UPDATE {ks}.jobs SET spec = ?, partition = ?, jitter_ms = ?, created_at_ms = ?, updated_at_ms = ?"
+            " WHERE job_id = ? IF state = 'registering' AND updated_at_ms = ?"
+        )
+        self._activate_job = p(
+            f"UPDATE {ks}.jobs SET state = ?, next_run_at_ms = ?, next_due_ms = ?, updated_at_ms = ? WHERE job_id = ?"
+        )
+        self._get_job = p(
+            f"SELECT job_id, spec, state, partition, jitter_ms, created_at_ms, next_run_at_ms, next_due_ms,"
+            f" updated_at_ms FROM {ks}.jobs WHERE job_id = ?"
+        )
+        self._all_jobs = p(
+            f"SELECT job_id, spec, state, partition, jitter_ms, created_at_ms, next_run_at_ms, next_due_ms,"
+            f" updated_at_ms FROM {ks}.jobs"
+        )
+        self._set_job_state = p(
+            f"UPDATE {ks}.jobs SET state = ?, next_run_at_ms = null, next_due_ms = null, updated_at_ms = ?"
+            " WHERE job_id = ? IF state = ?"
+        )
+        self._reschedule_job = p(
+            f"UPDATE {ks}.jobs SET spec = ?, jitter_ms = ?, state = ?, next_run_at_ms = ?, next_due_ms = ?,"
+            " updated_at_ms = ? WHERE job_id = ? IF state = 'active'"
+        )
+        self._insert_run = p(
+            f"INSERT INTO {ks}.runs (job_id, run_at_ms, attempt_group, run_id, due_ms, partition, state, attempt)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'scheduled', 0)"
+        )
+        self._insert_schedule = p(
+            f"INSERT INTO {ks}.schedule (time_bucket, shard, due_ms, run_id, job_id, run_at_ms, attempt_group)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._delete_schedule = p(
+            f"DELETE FROM {ks}.schedule WHERE time_bucket = ? AND shard = ? AND due_ms = ? AND run_id = ?"
+        )
+        self._cancel_run = p(
+            f"UPDATE {ks}.runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND run_at_ms = ?"
+            " AND attempt_group = 0"
+        )
+        self._bucket = p(
+            f"SELECT run_id, due_ms, job_id, run_at_ms, attempt_group FROM {ks}.schedule"
+            " WHERE time_bucket = ? AND shard = ? AND due_ms > ? AND due_ms < ?"
+        )
+        self._watermarks = p(f"SELECT partition, fired_through_ms FROM {ks}.watermarks WHERE k = 0")
+        self._set_watermark = p(f"UPDATE {ks}.watermarks SET fired_through_ms = ? WHERE k = 0 AND partition = ?")
+        self._first_watermark = p(
+            f"INSERT INTO {ks}.watermarks (k, partition, fired_through_ms) VALUES (0, ?, ?) IF NOT EXISTS"
+        )
+        self._changes = p(f"SELECT partition, n FROM {ks}.changes WHERE k = 0")
+        self._bump = p(f"UPDATE {ks}.changes SET n = n + 1 WHERE k = 0 AND partition = ?")
+        self._mark_dispatched = p(
+            f"UPDATE {ks}.runs SET fence = ?, dispatched_at_ms = ? WHERE job_id = ? AND run_at_ms = ?"
+            " AND attempt_group = ?"
+        )
+        self._set_next = p(
+            f"UPDATE {ks}.jobs SET next_run_at_ms = ?, next_due_ms = ?, updated_at_ms = ? WHERE job_id = ?"
+        )
+        self._history = p(
+            f"SELECT run_id, job_id, run_at_ms, due_ms, state, attempt, fence, dispatched_at_ms, started_at_ms,"
+            f" ended_at_ms, worker, error, result FROM {ks}.runs WHERE job_id = ? LIMIT ?"
+        )
+        self._run_started = p(
+            f"UPDATE {ks}.runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = ?, error = null"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._run_finished = p(
+            f"UPDATE {ks}.runs SET state = ?, ended_at_ms = ?, error = ?, result = ?"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._wm_cache: dict[int, int] = {}
+
+    # -- registration ---------------------------------------------------------
+
+    def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
+        spec = job.model_dump_json()
+        res = self.session.execute(self._insert_job, (job.id, spec, partition, jitter_ms, now_ms, now_ms))
+        if not res.was_applied:
+            current = res.one()
+            if current.state != "registering" or current.updated_at_ms > now_ms - REGISTERING_GRACE_MS:
+                raise JobExists(f"job {job.id!r} already exists")
+            # A registration that died half-way: take its place.
+            retake = self.session.execute(
+                self._retake_job, (spec, partition, jitter_ms, now_ms, now_ms, job.id, current.updated_at_ms)
+            )
+            if not retake.was_applied:
+                raise JobExists(f"job {job.id!r} already exists")
+        if first is not None:
+            self._write_run(job.id, partition, first)
+            self.session.execute(self._first_watermark, (partition, first.due_ms - 1))
+        self.session.execute(
+            self._activate_job,
+            (
+                "active" if first else "completed",
+                first.run_at_ms if first else None,
+                first.due_ms if first else None,
+                now_ms,
+                job.id,
+            ),
+        )
+        self.session.execute(self._bump, (partition,))
+        return self.get_job(job.id)
+
+    def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
+        current = self._row(job.id)
+        if current.state != "active":
+            raise JobNotActive(f"job {job.id!r} is {current.state}")
+        if first is not None:
+            self._write_run(job.id, current.partition, first)
+        res = self.session.execute(
+            self._reschedule_job,
+            (
+                job.model_dump_json(),
+                jitter_ms,
+                "active" if first else "completed",
+                first.run_at_ms if first else None,
+                first.due_ms if first else None,
+                now_ms,
+                job.id,
+            ),
+        )
+        if not res.was_applied:
+            raise JobNotActive(f"job {job.id!r} is {res.one().state}")
+        if current.next_run_at_ms is not None and (first is None or first.run_at_ms != current.next_run_at_ms):
+            self._drop_pending(job.id, current.partition, current.next_run_at_ms, current.next_due_ms, now_ms)
+        self.session.execute(self._bump, (current.partition,))
+        return self.get_job(job.id)
+
+    def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
+        current = self._row(job_id)
+        if current.state == "cancelled":
+            raise JobNotActive(f"job {job_id!r} is already cancelled")
+        res = self.session.execute(self._set_job_state, ("cancelled", now_ms, job_id, current.state))
+        if not res.was_applied:
+            raise JobNotActive(f"job {job_id!r} changed while cancelling; try again")
+        if current.next_run_at_ms is not None:
+            self._drop_pending(job_id, current.partition, current.next_run_at_ms, current.next_due_ms, now_ms)
+        self.session.execute(self._bump, (current.partition,))
+        return self.get_job(job_id)
+
+    # -- reading --------------------------------------------------------------
+
+    def get_job(self, job_id: str) -> JobRecord:
+        return self._record(self._row(job_id))
+
+    def list_jobs(self) -> list[JobRecord]:
+        rows = [r for r in self.session.execute(self._all_jobs) if r.state != "registering"]
+        return [self._record(r) for r in sorted(rows, key=lambda r: r.job_id)]
+
+    def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:
+        self._row(job_id)
+        out = []
+        for r in self.session.execute(self._history, (job_id, limit + 1)):
+            state = r.state
+            if state == "scheduled":
+                if r.dispatched_at_ms is None:
+                    continue  # still waiting: not history yet
+                state = "dispatched"
+            out.append(
+                RunRecord(
+                    r.run_id,
+                    r.job_id,
+                    r.run_at_ms,
+                    r.due_ms,
+                    state,
+                    r.attempt or 0,
+                    r.fence,
+                    r.dispatched_at_ms,
+                    r.started_at_ms,
+                    r.ended_at_ms,
+                    r.worker,
+                    r.error,
+                    r.result,
+                )
+            )
+        return out[:limit]
+
+    def change_versions(self) -> dict[int, int]:
+        return {int(r.partition): int(r.n) for r in self.session.execute(self._changes)}
+
+    def watermarks(self) -> dict[int, int]:
+        return {int(r.partition): int(r.fired_through_ms) for r in self.session.execute(self._watermarks)}
+
+    # -- the leader's side ----------------------------------------------------
+
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+        if not fences:
+            return []
+        marks = self.watermarks()
+        self._wm_cache.update(marks)
+        args = []
+        for p in fences:
+            # No watermark yet: nothing of this partition was ever planned.
+            start = marks.get(p, now_ms - SETTLE_MS)
+            for bucket in range(start // BUCKET_MS, (horizon_ms - 1) // BUCKET_MS + 1):
+                args.append((bucket, p, start, horizon_ms))
+        results = execute_concurrent_with_args(self.session, self._bucket, args, concurrency=64)
+        rows: list[DueRow] = []
+        for (_, p, _, _), (ok, result) in zip(args, results, strict=True):
+            if not ok:
+                raise result
+            rows.extend((r.run_id, r.due_ms, r.job_id, r.run_at_ms, p, r.attempt_group) for r in result)
+        rows.sort(key=lambda r: (r[1], r[0]))
+        return rows
+
+    def begin_dispatch(self, rows: Sequence[DueRow], fences: Fences, now_ms: int) -> list[DispatchRow]:
+        # Kafka is the durable step; nothing to mark first. The attempt is the
+        # delivery count the worker sees; a re-send after failover reuses 1.
+        return [(r[0], r[2], r[3], r[1], r[4], 1, r[5]) for r in rows if r[4] in fences]
+
+    def finish_dispatch(
+        self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
+    ) -> list[DueRow]:
+        if rows:
+            self._concurrent(self._mark_dispatched, [(fences[r[4]], now_ms, r[1], r[2], r[6]) for r in rows])
+        planned = self._plan(rows, now_ms, plan_next)
+        # Only now, with the next runs planned, may the watermarks move.
+        through = now_ms - SETTLE_MS
+        moves = [(through, p) for p in fences if self._wm_cache.get(p, -1) < through]
+        self._concurrent(self._set_watermark, moves)
+        for through_ms, p in moves:
+            self._wm_cache[p] = through_ms
+        return planned
+
+    def _plan(self, rows: Sequence[DispatchRow], now_ms: int, plan_next: PlanNext) -> list[DueRow]:
+        job_ids = sorted({r[1] for r in rows})
+        if not job_ids:
+            return []
+        jobs = {}
+        for (job_id,), (ok, result) in zip(
+            [(j,) for j in job_ids],
+            execute_concurrent_with_args(self.session, self._get_job, [(j,) for j in job_ids], concurrency=64),
+            strict=True,
+        ):
+            if not ok:
+                raise result
+            row = result.one()
+            if row is not None:
+                jobs[job_id] = row
+        planned: list[DueRow] = []
+        completed: list[str] = []
+        for r in rows:
+            job_row = jobs.get(r[1])
+            if job_row is None or job_row.state != "active":
+                continue
+            if job_row.next_run_at_ms is not None and job_row.next_run_at_ms > r[2]:
+                continue  # a re-send: its next run was planned the first time
+            job = Job.model_validate_json(job_row.spec)
+            nxt = plan_next(job, job_row.jitter_ms, r[2], now_ms)
+            if nxt is None:
+                completed.append(r[1])
+                continue
+            self._write_run(r[1], job_row.partition, nxt)
+            # Not the state: a cancel racing this must stay a cancel.
+            self.session.execute(self._set_next, (nxt.run_at_ms, nxt.due_ms, now_ms, r[1]))
+            planned.append((run_id_for(r[1], nxt.run_at_ms, 0), nxt.due_ms, r[1], nxt.run_at_ms, job_row.partition, 0))
+        for job_id in completed:
+            self.session.execute(self._set_job_state, ("completed", now_ms, job_id, "active"))
+        return planned
+
+    # -- the worker's side ----------------------------------------------------
+
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> None:
+        self.session.execute(
+            self._run_started,
+            (now_ms, worker, record.attempt, record.job_id, record.run_at_ms, record.attempt_group),
+        )
+
+    def run_finished(
+        self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
+    ) -> None:
+        self.session.execute(
+            self._run_finished,
+            (state, now_ms, error, result, record.job_id, record.run_at_ms, record.attempt_group),
+        )
+
+    # -- helpers --------------------------------------------------------------
+
+    def _row(self, job_id: str) -> Any:
+        row = self.session.execute(self._get_job, (job_id,)).one()
+        if row is None or row.state == "registering":
+            raise JobNotFound(f"no job {job_id!r}")
+        return row
+
+    def _record(self, row: Any) -> JobRecord:
+        nxt = None
+        if row.state == "active" and row.next_run_at_ms is not None:
+            nxt = PlannedRun(row.next_run_at_ms, row.next_due_ms)
+        return JobRecord(
+            job=Job.model_validate_json(row.spec),
+            state=row.state,
+            partition=row.partition,
+            jitter_ms=row.jitter_ms,
+            created_at_ms=row.created_at_ms,
+            next_run=nxt,
+        )
+
+    def _write_run(self, job_id: str, partition: int, run: PlannedRun) -> None:
+        run_id = run_id_for(job_id, run.run_at_ms, 0)
+        # The history row first: a schedule row never points at nothing.
+        self.session.execute(self._insert_run, (job_id, run.run_at_ms, 0, run_id, run.due_ms, partition))
+        self.session.execute(
+            self._insert_schedule, (run.due_ms // BUCKET_MS, partition, run.due_ms, run_id, job_id, run.run_at_ms, 0)
+        )
+
+    def _drop_pending(self, job_id: str, partition: int, run_at_ms: int, due_ms: int, now_ms: int) -> None:
+        run_id = run_id_for(job_id, run_at_ms, 0)
+        self.session.execute(self._delete_schedule, (due_ms // BUCKET_MS, partition, due_ms, run_id))
+        self.session.execute(self._cancel_run, (now_ms, job_id, run_at_ms))
+
+    def _concurrent(self, statement: PreparedStatement, args: list[tuple[Any, ...]]) -> None:
+        if not args:
+            return
+        for ok, result in execute_concurrent_with_args(self.session, statement, args, concurrency=64):
+            if not ok:
+                raise result
