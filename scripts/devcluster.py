@@ -348,13 +348,16 @@ def start_kafka(fresh: bool) -> Started:
     return Started(pid, {"bootstrap": bootstrap}, lambda: kafka_ready(bootstrap), 120)
 
 
+# commitlog_sync group: a write is acknowledged only once its commit log
+# segment is on disk (batched over 5 ms), so an acknowledged registration
+# survives even kill -9 of this single node.
 CASSANDRA_YAML = """\
 cluster_name: 'pysched dev'
 num_tokens: 1
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
 endpoint_snitch: SimpleSnitch
-commitlog_sync: periodic
-commitlog_sync_period: 10000ms
+commitlog_sync: group
+commitlog_sync_group_window: 5ms
 listen_address: 127.0.0.1
 rpc_address: 127.0.0.1
 storage_port: {storage}

@@ -28,7 +28,9 @@ from pysched.protocols import (
 from pysched.records import DispatchRecord
 from tests.conftest import cluster_config_for
 
-T0 = 1_800_000_000_000  # a fixed epoch-ms "now"
+# "Now" for the tests: the next whole minute, so that stores whose watermarks
+# start at their creation (real time) see every run the tests plan.
+T0 = (time.time_ns() // 60_000_000_000 + 1) * 60_000
 
 
 @dataclass

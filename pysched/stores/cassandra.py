@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
-from cassandra.query import PreparedStatement
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from pysched.config import ClusterConfig, host_port
 from pysched.model import Job
@@ -53,6 +54,8 @@ BUCKET_MS = 60_000
 # How far the watermark trails "now": a registration that reaches the store
 # this late for its own due time is still picked up.
 SETTLE_MS = 10_000
+# Watermarks move in steps of this much at least: fewer fenced writes.
+WATERMARK_STEP_MS = 5_000
 # A registration that died half-way holds its id this long.
 REGISTERING_GRACE_MS = 60_000
 
@@ -101,8 +104,9 @@ SCHEMA = [
     " due_ms bigint, partition int, state text, attempt int, fence bigint, dispatched_at_ms bigint,"
     " started_at_ms bigint, ended_at_ms bigint, worker text, error text, result text,"
     " PRIMARY KEY ((job_id), run_at_ms, attempt_group)) WITH CLUSTERING ORDER BY (run_at_ms DESC, attempt_group ASC)",
-    "CREATE TABLE IF NOT EXISTS {ks}.watermarks (k int, partition int, fired_through_ms bigint,"
-    " PRIMARY KEY (k, partition))",
+    # One Cassandra partition per schedule partition: the fenced LWTs of
+    # different leaders never contend.
+    "CREATE TABLE IF NOT EXISTS {ks}.watermarks (partition int PRIMARY KEY, fired_through_ms bigint, fence bigint)",
     "CREATE TABLE IF NOT EXISTS {ks}.changes (k int, partition int, n counter, PRIMARY KEY (k, partition))",
     "CREATE TABLE IF NOT EXISTS {ks}.claims (idem_key text PRIMARY KEY, run_id bigint, state text, holder text,"
     " fence bigint, lease_expires_ms bigint, result text, updated_at_ms bigint)",
@@ -110,9 +114,21 @@ SCHEMA = [
 
 
 def ensure_schema(session: Session, config: ClusterConfig) -> None:
+    """Create what is missing. Every partition gets a watermark at creation:
+    no run can be due before the schedule that holds it existed."""
     for statement in SCHEMA:
         session.execute(statement.format(ks=config.keyspace, rf=config.replication_factor), timeout=60)
     session.cluster.control_connection.wait_for_schema_agreement(wait_time=30)
+    known = {r.partition for r in session.execute(f"SELECT partition FROM {config.keyspace}.watermarks")}
+    missing = [p for p in range(config.partitions) if p not in known]
+    if missing:
+        start = time.time_ns() // 1_000_000 - SETTLE_MS
+        insert = session.prepare(
+            f"INSERT INTO {config.keyspace}.watermarks (partition, fired_through_ms, fence) VALUES (?, ?, 0)"
+            " IF NOT EXISTS"
+        )
+        for p in missing:
+            session.execute(insert, (p, start))
 
 
 class CassandraScheduleStore:
@@ -167,10 +183,12 @@ class CassandraScheduleStore:
             f"SELECT run_id, due_ms, job_id, run_at_ms, attempt_group FROM {ks}.schedule"
             " WHERE time_bucket = ? AND shard = ? AND due_ms > ? AND due_ms < ?"
         )
-        self._watermarks = p(f"SELECT partition, fired_through_ms FROM {ks}.watermarks WHERE k = 0")
-        self._set_watermark = p(f"UPDATE {ks}.watermarks SET fired_through_ms = ? WHERE k = 0 AND partition = ?")
-        self._first_watermark = p(
-            f"INSERT INTO {ks}.watermarks (k, partition, fired_through_ms) VALUES (0, ?, ?) IF NOT EXISTS"
+        self._watermarks = p(f"SELECT partition, fired_through_ms FROM {ks}.watermarks")
+        # Fenced: a leader that lost its partition (and may not know it yet)
+        # cannot move the watermark its successor starts from.
+        self._set_watermark = p(
+            f"UPDATE {ks}.watermarks SET fired_through_ms = ?, fence = ? WHERE partition = ?"
+            " IF fence <= ? AND fired_through_ms < ?"
         )
         self._changes = p(f"SELECT partition, n FROM {ks}.changes WHERE k = 0")
         self._bump = p(f"UPDATE {ks}.changes SET n = n + 1 WHERE k = 0 AND partition = ?")
@@ -210,21 +228,19 @@ class CassandraScheduleStore:
             )
             if not retake.was_applied:
                 raise JobExists(f"job {job.id!r} already exists")
+        state = "active" if first else "completed"
+        # One logged batch: the run's rows and the job's activation land
+        # together or not at all, so an active job always has its next run.
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
         if first is not None:
-            self._write_run(job.id, partition, first)
-            self.session.execute(self._first_watermark, (partition, first.due_ms - 1))
-        self.session.execute(
+            self._add_run_rows(batch, job.id, partition, first)
+        batch.add(
             self._activate_job,
-            (
-                "active" if first else "completed",
-                first.run_at_ms if first else None,
-                first.due_ms if first else None,
-                now_ms,
-                job.id,
-            ),
+            (state, first.run_at_ms if first else None, first.due_ms if first else None, now_ms, job.id),
         )
+        self.session.execute(batch)
         self.session.execute(self._bump, (partition,))
-        return self.get_job(job.id)
+        return JobRecord(job, state, partition, jitter_ms, now_ms, first)
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         current = self._row(job.id)
@@ -339,11 +355,16 @@ class CassandraScheduleStore:
         if rows:
             self._concurrent(self._mark_dispatched, [(fences[r[4]], now_ms, r[1], r[2], r[6]) for r in rows])
         planned = self._plan(rows, now_ms, plan_next)
-        # Only now, with the next runs planned, may the watermarks move.
+        # Only now, with the next runs planned, may the watermarks move; in
+        # steps of a few seconds, which a new leader sends again at most.
         through = now_ms - SETTLE_MS
-        moves = [(through, p) for p in fences if self._wm_cache.get(p, -1) < through]
+        moves = [
+            (through, fences[p], p, fences[p], through)
+            for p in fences
+            if self._wm_cache.get(p, -1) < through - WATERMARK_STEP_MS
+        ]
         self._concurrent(self._set_watermark, moves)
-        for through_ms, p in moves:
+        for through_ms, _, p, _, _ in moves:
             self._wm_cache[p] = through_ms
         return planned
 
@@ -420,13 +441,17 @@ class CassandraScheduleStore:
             next_run=nxt,
         )
 
-    def _write_run(self, job_id: str, partition: int, run: PlannedRun) -> None:
+    def _add_run_rows(self, batch: BatchStatement, job_id: str, partition: int, run: PlannedRun) -> None:
         run_id = run_id_for(job_id, run.run_at_ms, 0)
-        # The history row first: a schedule row never points at nothing.
-        self.session.execute(self._insert_run, (job_id, run.run_at_ms, 0, run_id, run.due_ms, partition))
-        self.session.execute(
+        batch.add(self._insert_run, (job_id, run.run_at_ms, 0, run_id, run.due_ms, partition))
+        batch.add(
             self._insert_schedule, (run.due_ms // BUCKET_MS, partition, run.due_ms, run_id, job_id, run.run_at_ms, 0)
         )
+
+    def _write_run(self, job_id: str, partition: int, run: PlannedRun) -> None:
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        self._add_run_rows(batch, job_id, partition, run)
+        self.session.execute(batch)
 
     def _drop_pending(self, job_id: str, partition: int, run_at_ms: int, due_ms: int, now_ms: int) -> None:
         run_id = run_id_for(job_id, run_at_ms, 0)

@@ -1,0 +1,219 @@
+"""Several `pysched up` nodes and `pysched worker` processes on the real
+servers: exactly-once execution, failover after kill -9, fencing after
+SIGSTOP, and durability across a Cassandra restart.
+
+Each test counts executions in a ledger the job itself appends to. Every
+process is started by the test and stopped by its PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pysched.config import ClusterConfig
+from pysched.model import Job
+from pysched.node import open_cluster
+from pysched.registry import register
+from tests.conftest import SERVICES_STATE, cluster_config_for
+from tests.helpers import PYSCHED, stop_node, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Cluster:
+    config: ClusterConfig
+    config_path: Path
+    tmp: Path
+    ledger: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"{name}.log").open("ab")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        proc = subprocess.Popen(
+            [*PYSCHED, *args, "--config", str(self.config_path)], cwd=ROOT, stdout=log, stderr=log, env=env
+        )
+        self.procs[name] = proc
+        return proc
+
+    def node(self, name: str) -> subprocess.Popen[bytes]:
+        return self.start(name, "up", "--workers", "0", "--quiet")
+
+    def worker(self, name: str) -> subprocess.Popen[bytes]:
+        return self.start(name, "worker", "--workers", "4", "--quiet")
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def register_spread(self, n: int, first_ms: int, spread_ms: int) -> set[str]:
+        """n one-shot runs evenly over [first, first + spread); their keys."""
+        backends = open_cluster(self.config, coordinator=False)
+        try:
+            jobs = [
+                Job.model_validate(
+                    {
+                        "id": f"j{k:05d}",
+                        "schedule": {"kind": "once", "run_at_ms": first_ms + k * spread_ms // n},
+                        "target": {"kind": "python", "ref": "tests.ledger:append"},
+                        "payload": {"ledger": str(self.ledger)},
+                    }
+                )
+                for k in range(n)
+            ]
+            start = now_ms()
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda j: register(backends.store, j, start, self.config.partitions), jobs))
+        finally:
+            backends.close()
+        return {f"j{k:05d}:{first_ms + k * spread_ms // n}:0" for k in range(n)}
+
+    def ledger_keys(self) -> Counter[str]:
+        return Counter(self.ledger.read_text().split()) if self.ledger.exists() else Counter()
+
+    def holders(self) -> set[str]:
+        return {lease.holder for lease in self.leaders().values()}
+
+    def leaders(self) -> dict[int, Any]:
+        from pysched.coord.etcd import EtcdCoordinator
+
+        coordinator = EtcdCoordinator(self.config)
+        try:
+            return coordinator.leaders()
+        finally:
+            coordinator.close()
+
+
+@pytest.fixture
+def cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator[Cluster]:
+    config = cluster_config_for(services, keyspace, partitions=32, kafka_partitions=8)
+    path = tmp_path / "cluster.toml"
+    path.write_text("[cluster]\n" + "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in config.model_dump().items()))
+    # Create the keyspace and topic once, before the processes race to.
+    open_cluster(config, coordinator=False).close()
+    c = Cluster(config, path, tmp_path, tmp_path / "ledger.txt")
+    yield c
+    for proc in c.procs.values():
+        stop_node(proc)
+
+
+def wait_all_ran(cluster: Cluster, expected: set[str], timeout_s: float) -> Counter[str]:
+    wait_for(lambda: set(cluster.ledger_keys()) >= expected, timeout_s, f"{len(expected)} runs in the ledger")
+    time.sleep(2)  # would a duplicate still arrive?
+    return cluster.ledger_keys()
+
+
+def test_three_nodes_two_workers_run_5000_runs_exactly_once(cluster: Cluster) -> None:
+    for name in ("node-a", "node-b", "node-c"):
+        cluster.node(name)
+    for name in ("worker-1", "worker-2"):
+        cluster.worker(name)
+    wait_for(lambda: len(cluster.leaders()) == cluster.config.partitions, 60, "every partition to have a leader")
+    first = now_ms() + 40_000
+    t = time.monotonic()
+    expected = cluster.register_spread(5_000, first, 30_000)
+    register_s = time.monotonic() - t
+    assert now_ms() < first, f"registration took {register_s:.1f} s, past the first run"
+    keys = wait_all_ran(cluster, expected, 150)
+    assert set(keys) == expected, f"{len(expected - set(keys))} runs lost"
+    assert max(keys.values()) == 1, f"ran twice: {[k for k, v in keys.items() if v > 1][:5]}"
+    holders = {lease.holder for lease in cluster.leaders().values()}
+    assert len(holders) == 3  # the partitions are shared by all three nodes
+    print(f"5000 runs: registered in {register_s:.1f} s, all executed once")
+
+
+def test_kill_9_of_a_node_moves_its_partitions_and_loses_nothing(cluster: Cluster) -> None:
+    nodes = {name: cluster.node(name) for name in ("node-a", "node-b", "node-c")}
+    cluster.worker("worker-1")
+    cluster.worker("worker-2")
+    wait_for(lambda: len(cluster.holders()) == 3, 60, "three leaders")
+    first = now_ms() + 10_000
+    expected = cluster.register_spread(1_000, first, 30_000)
+    time.sleep(max(0.0, (first + 8_000 - now_ms()) / 1000))
+    victim = nodes["node-b"]
+    before = cluster.leaders()
+    victim_holder = next(lease.holder for lease in before.values() if f":{victim.pid}:" in lease.holder)
+    orphaned = {p for p, lease in before.items() if lease.holder == victim_holder}
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    killed = time.monotonic()
+
+    def taken_over() -> bool:
+        now = cluster.leaders()
+        return all(p in now and now[p].holder != victim_holder for p in orphaned)
+
+    wait_for(taken_over, 30, "the dead node's partitions to get new leaders")
+    takeover_s = time.monotonic() - killed
+    assert takeover_s <= 15, f"takeover took {takeover_s:.1f} s"
+    after = cluster.leaders()
+    assert all(after[p].fence > before[p].fence for p in orphaned)
+    keys = wait_all_ran(cluster, expected, 120)
+    assert set(keys) == expected, f"{len(expected - set(keys))} runs lost"
+    assert max(keys.values()) == 1, "a run ran twice"
+    print(f"kill -9: {len(orphaned)} partitions led again after {takeover_s:.1f} s")
+
+
+def test_a_leader_paused_past_its_lease_is_fenced_off(cluster: Cluster) -> None:
+    nodes = {name: cluster.node(name) for name in ("node-a", "node-b", "node-c")}
+    cluster.worker("worker-1")
+    cluster.worker("worker-2")
+    wait_for(lambda: len(cluster.holders()) == 3, 60, "three leaders")
+    first = now_ms() + 8_000
+    expected = cluster.register_spread(1_000, first, 40_000)
+    time.sleep(max(0.0, (first + 5_000 - now_ms()) / 1000))
+    paused = nodes["node-c"]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        # Past the 10 s lease: the others take its partitions with higher fences.
+        time.sleep(cluster.config.lease_ttl_s + 6)
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    keys = wait_all_ran(cluster, expected, 120)
+    time.sleep(3)
+    keys = cluster.ledger_keys()
+    rejected = sum(cluster.log(w).count("rejected ") for w in ("worker-1", "worker-2"))
+    assert rejected > 0, "the woken leader's dispatches should have met the fence"
+    assert set(keys) == expected, f"{len(expected - set(keys))} runs lost"
+    assert max(keys.values()) == 1, "a run ran twice"
+    print(f"SIGSTOP: {rejected} stale dispatches rejected by the fence")
+
+
+def test_a_registration_survives_a_cassandra_restart(cluster: Cluster) -> None:
+    from tests.helpers import cli_json
+
+    db = cluster.tmp / "unused.db"  # --config wins over --db
+    added = cli_json(
+        "add", "survivor", "--cron", "0 3 * * *", "--shell", "true", "--config", str(cluster.config_path), db=db
+    )
+    assert added["state"] == "active"
+    # The harshest restart: kill -9 (of the server this project started),
+    # then start it again on the same data.
+    pid = int(json.loads(SERVICES_STATE.read_text())["cassandra"]["pid"])
+    os.kill(pid, signal.SIGKILL)
+    t = time.monotonic()
+    wait_for(
+        lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(),
+        30,
+        "cassandra to die",
+    )
+    subprocess.run([str(ROOT / "scripts" / "services"), "up", "cassandra"], check=True, timeout=300)
+    restart_s = time.monotonic() - t
+    shown = cli_json("show", "survivor", "--config", str(cluster.config_path), db=db)
+    assert shown["schedule"]["expr"] == "0 3 * * *" and shown["next_run_at"] == added["next_run_at"]
+    print(f"cassandra restart took {restart_s:.1f} s; the registration is intact")
