@@ -100,11 +100,15 @@ class Cluster:
             coordinator.close()
 
 
+def write_config(path: Path, values: dict[str, Any]) -> Path:
+    path.write_text("[cluster]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    return path
+
+
 @pytest.fixture
 def cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator[Cluster]:
     config = cluster_config_for(services, keyspace, partitions=32, kafka_partitions=8)
-    path = tmp_path / "cluster.toml"
-    path.write_text("[cluster]\n" + "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in config.model_dump().items()))
+    path = write_config(tmp_path / "cluster.toml", config.model_dump())
     # Create the keyspace and topic once, before the processes race to.
     open_cluster(config, coordinator=False).close()
     c = Cluster(config, path, tmp_path, tmp_path / "ledger.txt")
@@ -217,3 +221,19 @@ def test_a_registration_survives_a_cassandra_restart(cluster: Cluster) -> None:
     shown = cli_json("show", "survivor", "--config", str(cluster.config_path), db=db)
     assert shown["schedule"]["expr"] == "0 3 * * *" and shown["next_run_at"] == added["next_run_at"]
     print(f"cassandra restart took {restart_s:.1f} s; the registration is intact")
+
+
+@pytest.mark.parametrize("server", ["cassandra", "redis", "kafka", "etcd"])
+def test_an_unreachable_server_is_named_at_start_up(
+    services: dict[str, Any], keyspace: str, tmp_path: Path, server: str
+) -> None:
+    config = cluster_config_for(services, keyspace).model_dump()
+    # A loopback port nothing listens on.
+    config[server] = "redis://127.0.0.1:9/0" if server == "redis" else "127.0.0.1:9"
+    path = write_config(tmp_path / "bad.toml", config)
+    proc = subprocess.run(
+        [*PYSCHED, "up", "--config", str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode != 0
+    assert f"{server} at " in proc.stderr and "127.0.0.1:9" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

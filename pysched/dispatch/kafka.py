@@ -36,10 +36,10 @@ class DispatchError(RuntimeError):
     """Some records were not acknowledged by the broker."""
 
 
-def ensure_topic(config: ClusterConfig, timeout_s: float = 30) -> None:
-    admin = AdminClient({"bootstrap.servers": config.kafka, "log_level": 3})
+def ensure_topic(config: ClusterConfig, timeout_s: float = 30, connect_timeout_s: float = 10) -> None:
+    admin = AdminClient({"bootstrap.servers": config.kafka, "log_level": 0})
     try:
-        metadata = admin.list_topics(timeout=timeout_s)
+        metadata = admin.list_topics(timeout=connect_timeout_s)
     except KafkaException as exc:
         raise ConnectionError(f"kafka at {config.kafka} is unreachable: {exc}") from None
     if config.topic in metadata.topics:
