@@ -44,6 +44,9 @@ class LeaderConfig:
     tick_ms: int = 10
     change_poll_ms: int = 100
     coordinate_every_ms: int = 1_000
+    # How often quiet partitions' watermarks are moved up to now: what a new
+    # leader may send again after a failover.
+    watermark_every_ms: int = 5_000
     standby_poll_ms: int = 500
     retry_backoff_ms: tuple[int, ...] = (100, 200, 500, 1_000, 2_000, 5_000)
     # False polls the coordinator from the tick loop: deterministic under a
@@ -111,6 +114,9 @@ class PartitionLeader:
             stop.set()
             if coordinating is not None:
                 coordinating.join(10)
+            # A clean hand-over: the successor starts from here, not from the
+            # last periodic watermark.
+            self._mark_quiet(self.clock.now_ms())
             self._guard(lambda: self.coordinator.release(self.holder))
             if self.fences:
                 log.info("released leadership of %d partitions", len(self.fences))
@@ -132,7 +138,7 @@ class PartitionLeader:
 
     def _tick_loop(self, stop: threading.Event) -> None:
         cfg = self.config
-        next_reload = next_change_poll = next_coordinate = 0
+        next_reload = next_change_poll = next_coordinate = next_watermark = 0
         versions: dict[int, int] = {}
         while not stop.is_set():
             now = self.clock.now_ms()
@@ -161,6 +167,8 @@ class PartitionLeader:
             due = self._wheel.advance(now)
             if len(due) or (self._retry and now >= self._retry_at):
                 self._dispatch(due)
+            if now >= next_watermark and self._mark_quiet(now):
+                next_watermark = now + cfg.watermark_every_ms
             after = self.clock.now_ms()
             # Sleep to the next tick boundary so ticks do not drift.
             self.clock.sleep((cfg.tick_ms - after % cfg.tick_ms) / 1000)
@@ -183,7 +191,8 @@ class PartitionLeader:
         if gained:
             self._standby_logged = False
             fences = sorted(set(gained.values()))
-            log.info("leading partitions %s with fence %s", _ranges(gained), ", ".join(map(str, fences)))
+            span = str(fences[0]) if len(fences) == 1 else f"{fences[0]}..{fences[-1]}"
+            log.info("leading partitions %s with fences %s", _ranges(gained), span)
         self.fences = dict(owned)
         if not owned:
             self._log_standby()
@@ -214,13 +223,17 @@ class PartitionLeader:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
         self._add([row for row in rows if row[0] not in self._sent], horizon)
-        if idle and not self._retry:
-            # Nothing of these partitions is left unsent up to now: say so, so
-            # the watermarks of quiet partitions keep up too.
-            self.store.finish_dispatch([], fences, now, next_run)
+        if idle:
             cutoff = now - 2 * self.config.horizon_ms
             self._sent = {r: d for r, d in self._sent.items() if d >= cutoff}
         return True
+
+    def _mark_quiet(self, now: int) -> bool:
+        """Tell the store nothing of our partitions is left unsent up to now,
+        so the watermarks of quiet partitions keep up too."""
+        if self._retry or not self.fences:
+            return False
+        return self._guard(partial(self.store.finish_dispatch, [], dict(self.fences), now, next_run)) is not None
 
     def _add(self, rows: list[DueRow], horizon: int) -> None:
         for row in rows:

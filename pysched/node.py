@@ -80,6 +80,8 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
     else:
         coord = _NoCoordinator()
     dispatcher = KafkaDispatcher(config)
+    if coordinator:
+        dispatcher.warm_up()
 
     def close() -> None:
         dispatcher.close()

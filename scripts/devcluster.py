@@ -533,6 +533,21 @@ def up(names: list[str], fresh: bool) -> dict[str, Any]:
     return state
 
 
+def write_cluster_toml(state: dict[str, Any]) -> Path | None:
+    """A `pysched --config` file for these servers, once all four run."""
+    if not all(name in state for name in NAMES):
+        return None
+    path = STATE_DIR / "cluster.toml"
+    path.write_text(
+        "[cluster]\n"
+        f'etcd = "{state["etcd"]["endpoint"]}"\n'
+        f'cassandra = "{state["cassandra"]["contact"]}"\n'
+        f'kafka = "{state["kafka"]["bootstrap"]}"\n'
+        f'redis = "{state["redis"]["url"]}"\n'
+    )
+    return path
+
+
 def stop_pid(name: str, pid: int, timeout_s: float = 60) -> None:
     if not alive(pid):
         return
@@ -576,6 +591,9 @@ def main(argv: list[str] | None = None) -> int:
         state = up(names, args.fresh)
         for name in names:
             print(f"{name}: {json.dumps({k: v for k, v in state[name].items() if k != 'pid'})}")
+        toml = write_cluster_toml(state)
+        if toml is not None:
+            print(f"config: {toml.relative_to(ROOT) if toml.is_relative_to(ROOT) else toml}")
     elif args.command == "down":
         down(names)
     elif args.command == "restart":
@@ -583,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             if name in state:
                 stop_pid(name, int(state[name]["pid"]))
-        up(names, fresh=False)
+        write_cluster_toml(up(names, fresh=False))
     else:
         state = load_state()
         report = {n: {**state[n], "ready": ready(n, state[n])} for n in NAMES if n in state}

@@ -119,9 +119,9 @@ def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: Json
     if not by_holder:
         typer.echo("leader: none")
     for holder, fences in by_holder.items():
-        typer.echo(
-            f"leader: {holder}: {sum(len(v) for v in fences.values())} partitions, fence " + ", ".join(sorted(fences))
-        )
+        numbers = sorted(int(f) for f in fences)
+        span = str(numbers[0]) if len(numbers) == 1 else f"{numbers[0]}..{numbers[-1]}"
+        typer.echo(f"leader: {holder}: {sum(len(v) for v in fences.values())} partitions, fences {span}")
 
 
 def register_commands(app: typer.Typer) -> None:
