@@ -28,9 +28,16 @@ from pysched.protocols import (
 from pysched.records import DispatchRecord
 from tests.conftest import cluster_config_for
 
-# "Now" for the tests: the next whole minute, so that stores whose watermarks
-# start at their creation (real time) see every run the tests plan.
-T0 = (time.time_ns() // 60_000_000_000 + 1) * 60_000
+# "Now" for each test: the next whole minute, so that stores whose watermarks
+# start at their creation (real time) see every run the test plans. Set per
+# test by the fixture below, since a long session outlives any fixed value.
+T0 = 0
+
+
+@pytest.fixture(autouse=True)
+def _fresh_t0() -> None:
+    global T0
+    T0 = (time.time_ns() // 60_000_000_000 + 1) * 60_000
 
 
 @dataclass
