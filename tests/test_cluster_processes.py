@@ -87,6 +87,13 @@ class Cluster:
     def ledger_keys(self) -> Counter[str]:
         return Counter(self.ledger.read_text().split()) if self.ledger.exists() else Counter()
 
+    def three_nodes_two_workers(self) -> dict[str, subprocess.Popen[bytes]]:
+        nodes = {name: self.node(name) for name in ("node-a", "node-b", "node-c")}
+        self.worker("worker-1")
+        self.worker("worker-2")
+        wait_for(lambda: len(self.holders()) == 3, 60, "three leaders")
+        return nodes
+
     def holders(self) -> set[str]:
         return {lease.holder for lease in self.leaders().values()}
 
@@ -117,6 +124,11 @@ def cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator
         stop_node(proc)
 
 
+def assert_exactly_once(keys: Counter[str], expected: set[str]) -> None:
+    assert set(keys) == expected, f"{len(expected - set(keys))} runs lost"
+    assert max(keys.values()) == 1, f"ran twice: {[k for k, v in keys.items() if v > 1][:5]}"
+
+
 def wait_all_ran(cluster: Cluster, expected: set[str], timeout_s: float) -> Counter[str]:
     wait_for(lambda: set(cluster.ledger_keys()) >= expected, timeout_s, f"{len(expected)} runs in the ledger")
     time.sleep(2)  # would a duplicate still arrive?
@@ -135,18 +147,14 @@ def test_three_nodes_two_workers_run_5000_runs_exactly_once(cluster: Cluster) ->
     register_s = time.monotonic() - t
     assert now_ms() < first, f"registration took {register_s:.1f} s, past the first run"
     keys = wait_all_ran(cluster, expected, 150)
-    assert set(keys) == expected, f"{len(expected - set(keys))} runs lost"
-    assert max(keys.values()) == 1, f"ran twice: {[k for k, v in keys.items() if v > 1][:5]}"
+    assert_exactly_once(keys, expected)
     holders = {lease.holder for lease in cluster.leaders().values()}
     assert len(holders) == 3  # the partitions are shared by all three nodes
     print(f"5000 runs: registered in {register_s:.1f} s, all executed once")
 
 
 def test_kill_9_of_a_node_moves_its_partitions_and_loses_nothing(cluster: Cluster) -> None:
-    nodes = {name: cluster.node(name) for name in ("node-a", "node-b", "node-c")}
-    cluster.worker("worker-1")
-    cluster.worker("worker-2")
-    wait_for(lambda: len(cluster.holders()) == 3, 60, "three leaders")
+    nodes = cluster.three_nodes_two_workers()
     first = now_ms() + 10_000
     expected = cluster.register_spread(1_000, first, 30_000)
     time.sleep(max(0.0, (first + 8_000 - now_ms()) / 1000))
@@ -168,16 +176,12 @@ def test_kill_9_of_a_node_moves_its_partitions_and_loses_nothing(cluster: Cluste
     after = cluster.leaders()
     assert all(after[p].fence > before[p].fence for p in orphaned)
     keys = wait_all_ran(cluster, expected, 120)
-    assert set(keys) == expected, f"{len(expected - set(keys))} runs lost"
-    assert max(keys.values()) == 1, "a run ran twice"
+    assert_exactly_once(keys, expected)
     print(f"kill -9: {len(orphaned)} partitions led again after {takeover_s:.1f} s")
 
 
 def test_a_leader_paused_past_its_lease_is_fenced_off(cluster: Cluster) -> None:
-    nodes = {name: cluster.node(name) for name in ("node-a", "node-b", "node-c")}
-    cluster.worker("worker-1")
-    cluster.worker("worker-2")
-    wait_for(lambda: len(cluster.holders()) == 3, 60, "three leaders")
+    nodes = cluster.three_nodes_two_workers()
     first = now_ms() + 8_000
     expected = cluster.register_spread(1_000, first, 40_000)
     time.sleep(max(0.0, (first + 5_000 - now_ms()) / 1000))
@@ -193,8 +197,7 @@ def test_a_leader_paused_past_its_lease_is_fenced_off(cluster: Cluster) -> None:
     keys = cluster.ledger_keys()
     rejected = sum(cluster.log(w).count("rejected ") for w in ("worker-1", "worker-2"))
     assert rejected > 0, "the woken leader's dispatches should have met the fence"
-    assert set(keys) == expected, f"{len(expected - set(keys))} runs lost"
-    assert max(keys.values()) == 1, "a run ran twice"
+    assert_exactly_once(keys, expected)
     print(f"SIGSTOP: {rejected} stale dispatches rejected by the fence")
 
 
