@@ -68,6 +68,8 @@ DispatchRow = tuple[int, str, int, int, int, int, int]
 DueRow = tuple[int, int, str, int, int, int]
 # Given a job, its jitter, the run_at just dispatched and now: the next run.
 PlanNext = Callable[[Job, int, int, int], PlannedRun | None]
+# (job, partition, jitter_ms, first run): one job of a bulk registration.
+Registration = tuple[Job, int, int, PlannedRun | None]
 # Partition -> the fence its leader holds.
 Fences = Mapping[int, int]
 
@@ -78,6 +80,11 @@ class ScheduleStore(Protocol):
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         """Register a job and its first run; durable when this returns.
         Raises JobExists."""
+        ...
+
+    def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
+        """Register many jobs at once, each as add_job would; ids that already
+        exist are left unchanged and returned. Durable when this returns."""
         ...
 
     def get_job(self, job_id: str) -> JobRecord: ...

@@ -3,14 +3,27 @@ so a job is acknowledged only once its first run is committed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.planning import DEFAULT_PARTITIONS, first_run, jitter_for, partition_for
-from pysched.protocols import JobRecord, ScheduleStore
+from pysched.protocols import JobRecord, Registration, ScheduleStore
 
 
 def register(store: ScheduleStore, job: Job, now_ms: int, partitions: int = DEFAULT_PARTITIONS) -> JobRecord:
     jitter_ms = jitter_for(job, now_ms)
     return store.add_job(job, partition_for(job.id, partitions), jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)
+
+
+def register_many(
+    store: ScheduleStore, jobs: Sequence[Job], now_ms: int, partitions: int = DEFAULT_PARTITIONS
+) -> list[str]:
+    """Register jobs in bulk; returns the ids that already existed."""
+    items: list[Registration] = []
+    for job in jobs:
+        jitter_ms = jitter_for(job, now_ms)
+        items.append((job, partition_for(job.id, partitions), jitter_ms, first_run(job, jitter_ms, now_ms)))
+    return store.add_jobs(items, now_ms)
 
 
 def reschedule(store: ScheduleStore, job_id: str, schedule: CronSchedule | OnceSchedule, now_ms: int) -> JobRecord:

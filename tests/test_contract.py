@@ -114,6 +114,19 @@ def test_add_then_read(backend: Backend) -> None:
     assert [j.job.id for j in backend.store.list_jobs()] == ["every-10s"]
 
 
+def test_bulk_registration_skips_existing_ids(backend: Backend) -> None:
+    backend.store.add_job(cron_job("a"), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    items = [
+        (cron_job("a", "0 * * * *"), 0, 0, PlannedRun(T0 + 20_000, T0 + 20_000)),
+        (once_job("b", T0 + 30_000), 1, 0, PlannedRun(T0 + 30_000, T0 + 30_000)),
+        (once_job("c", T0 + 40_000), 3, 0, PlannedRun(T0 + 40_000, T0 + 40_000)),
+    ]
+    assert backend.store.add_jobs(items, T0) == ["a"]
+    assert [j.job.id for j in backend.store.list_jobs()] == ["a", "b", "c"]
+    assert backend.store.get_job("a").job.schedule.model_dump()["expr"] == "*/10 * * * * *"
+    assert [d for _, d in due(backend, T0 + 60_000, 1, T0)] == [T0 + 10_000, T0 + 30_000, T0 + 40_000]
+
+
 def test_duplicate_id_changes_nothing(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 1, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
     versions = backend.store.change_versions()

@@ -28,7 +28,7 @@ from typing import Any
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
-from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
@@ -44,6 +44,7 @@ from pysched.protocols import (
     JobRecord,
     PlannedRun,
     PlanNext,
+    Registration,
     RunRecord,
 )
 from pysched.records import DispatchRecord
@@ -241,6 +242,48 @@ class CassandraScheduleStore:
         self.session.execute(batch)
         self.session.execute(self._bump, (partition,))
         return JobRecord(job, state, partition, jitter_ms, now_ms, first)
+
+    def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
+        """Many registrations, pipelined: the claims on the ids first (each a
+        lightweight transaction), then one logged batch per new job."""
+        inserted = execute_concurrent_with_args(
+            self.session,
+            self._insert_job,
+            [
+                (job.id, job.model_dump_json(), partition, jitter_ms, now_ms, now_ms)
+                for job, partition, jitter_ms, _ in items
+            ],
+            concurrency=128,
+        )
+        existing: list[str] = []
+        batches = []
+        partitions: set[int] = set()
+        for (job, partition, _, first), (ok, result) in zip(items, inserted, strict=True):
+            if not ok:
+                raise result
+            if not result.was_applied:
+                existing.append(job.id)
+                continue
+            batch = BatchStatement(batch_type=BatchType.LOGGED)
+            if first is not None:
+                self._add_run_rows(batch, job.id, partition, first)
+            batch.add(
+                self._activate_job,
+                (
+                    "active" if first else "completed",
+                    first.run_at_ms if first else None,
+                    first.due_ms if first else None,
+                    now_ms,
+                    job.id,
+                ),
+            )
+            batches.append((batch, None))
+            partitions.add(partition)
+        for ok, result in execute_concurrent(self.session, batches, concurrency=128):
+            if not ok:
+                raise result
+        self._concurrent(self._bump, [(p,) for p in sorted(partitions)])
+        return existing
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         current = self._row(job.id)

@@ -17,6 +17,7 @@ from pysched.protocols import (
     JobRecord,
     PlannedRun,
     PlanNext,
+    Registration,
     RunRecord,
 )
 from pysched.records import DispatchRecord
@@ -71,6 +72,34 @@ class SQLiteScheduleStore:
                 self._insert_run(conn, job.id, partition, first)
             self._bump(conn, partition)
         return self.get_job(job.id)
+
+    def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
+        existing: list[str] = []
+        partitions: set[int] = set()
+        with self.db.transaction() as conn:
+            for job, partition, jitter_ms, first in items:
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO jobs (job_id, spec, state, partition, jitter_ms, created_at_ms,"
+                    " updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        job.id,
+                        job.model_dump_json(),
+                        "active" if first else "completed",
+                        partition,
+                        jitter_ms,
+                        now_ms,
+                        now_ms,
+                    ),
+                )
+                if cur.rowcount == 0:
+                    existing.append(job.id)
+                    continue
+                if first is not None:
+                    self._insert_run(conn, job.id, partition, first)
+                partitions.add(partition)
+            for partition in partitions:
+                self._bump(conn, partition)
+        return existing
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         with self.db.transaction() as conn:
