@@ -5,11 +5,11 @@ a fence. For those partitions it loads the next ``horizon`` of runs into the
 native wheel every ``reload_every`` (and at once when jobs change), ticks
 every 10 ms, and hands due runs on in batches:
 
-1. ``store.begin_dispatch``: the rows still to send (the embedded store marks
-   them handed on here, since its queue is not durable);
-2. ``dispatcher.publish``: returns once the records are durably handed on;
-3. ``store.finish_dispatch``: the next runs of recurring jobs are planned and
-   only then do the partitions' watermarks move past the batch.
+1. ``dispatcher.publish``: returns once the records are handed on (Kafka:
+   acknowledged by the broker; in process: queued);
+2. ``store.finish_dispatch``: the runs are recorded as handed on, the next
+   runs of recurring jobs planned, and only then do the partitions'
+   watermarks move past the batch.
 
 A crash anywhere in between makes the next leader send a run again, never
 lose it; the workers' idempotency claim turns that into one effect. The wheel
@@ -31,7 +31,7 @@ import numpy as np
 from pysched import native
 from pysched.clock import Clock
 from pysched.planning import next_run
-from pysched.protocols import Coordinator, Dispatcher, DispatchRow, DueRow, ScheduleStore
+from pysched.protocols import Coordinator, Dispatcher, DispatchRow, DueRow, ScheduleStore, dispatch_row
 
 log = logging.getLogger("pysched.leader")
 T = TypeVar("T")
@@ -254,10 +254,9 @@ class PartitionLeader:
         if not rows:
             return
         now = self.clock.now_ms()
+        sent = [dispatch_row(row) for row in rows]
         try:
-            sent = self.store.begin_dispatch(rows, fences, now)
-            if sent:
-                self.dispatcher.publish(list(_encode(sent, fences, now)))
+            self.dispatcher.publish(list(_encode(sent, fences, now)))
             planned = self.store.finish_dispatch(sent, fences, now, next_run)
         except Exception as exc:
             # Nothing moved past these runs: keep them and try again shortly.
@@ -280,6 +279,14 @@ class PartitionLeader:
 
 
 def _encode(rows: list[DispatchRow], fences: dict[int, int], now: int) -> Iterable[tuple[int, bytes]]:
+    distinct = set(fences.values())
+    if len(distinct) == 1:
+        # One fence for every partition (the embedded leader): one batch.
+        return zip([r[4] for r in rows], native.encode_batch(rows, distinct.pop(), now), strict=True)
+    return _encode_by_fence(rows, fences, now)
+
+
+def _encode_by_fence(rows: list[DispatchRow], fences: dict[int, int], now: int) -> Iterable[tuple[int, bytes]]:
     by_fence: dict[int, list[DispatchRow]] = {}
     for row in rows:
         by_fence.setdefault(fences[row[4]], []).append(row)

@@ -63,9 +63,10 @@ class RunRecord:
 # (run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group): the
 # row shape the dispatch codec encodes.
 DispatchRow = tuple[int, str, int, int, int, int, int]
-# (run_id, due_ms, job_id, run_at_ms, partition, attempt_group): a run waiting
-# in the wheel. The bucket loader reads its first two columns.
-DueRow = tuple[int, int, str, int, int, int]
+# (run_id, due_ms, job_id, run_at_ms, partition, attempt_group, attempt): a run
+# waiting in the wheel, with the attempt its next delivery is. The bucket
+# loader reads its first two columns.
+DueRow = tuple[int, int, str, int, int, int, int]
 # Given a job, its jitter, the run_at just dispatched and now: the next run.
 PlanNext = Callable[[Job, int, int, int], PlannedRun | None]
 # (job, partition, jitter_ms, first run): one job of a bulk registration.
@@ -117,22 +118,22 @@ class ScheduleStore(Protocol):
         skips those it sent itself."""
         ...
 
-    def begin_dispatch(self, rows: Sequence[DueRow], fences: Fences, now_ms: int) -> list[DispatchRow]:
-        """The rows still to hand on, with their attempt numbers. A store
-        whose dispatcher is not durable marks them handed on here."""
-        ...
-
     def finish_dispatch(
         self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
     ) -> list[DueRow]:
-        """After the dispatcher has the rows durably: record them, plan each
-        recurring job's next run, then move the partitions' watermarks. The
+        """After the dispatcher has the rows durably: record them handed on
+        (a run a worker already started, or one cancelled meanwhile, keeps its
+        state), plan each recurring job's next run, then move the partitions'
+        watermarks. The
         caller vouches that every run of these partitions due by ``now_ms``
         has been handed on (an empty ``rows`` says so for quiet partitions).
         Returns the runs it planned."""
         ...
 
-    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> None: ...
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
+        """Record the start; False when the run was cancelled (or replaced
+        by a reschedule) after it was handed on: it must not run."""
+        ...
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
@@ -143,6 +144,11 @@ class ScheduleStore(Protocol):
     def watermarks(self) -> dict[int, int]:
         """Per partition, the latest due time handed on."""
         ...
+
+
+def dispatch_row(row: DueRow) -> DispatchRow:
+    run_id, due_ms, job_id, run_at_ms, partition, attempt_group, attempt = row
+    return (run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group)
 
 
 @dataclass(frozen=True, slots=True)

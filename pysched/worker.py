@@ -138,17 +138,20 @@ class WorkerPool:
             job_record = self.store.get_job(record.job_id)
         except JobNotFound:
             job_record = None
-        if job_record is None or job_record.state == "cancelled":
-            self.store.run_finished(record, "cancelled", "job cancelled before the run", None, self.clock.now_ms())
+        cancelled = job_record is None or job_record.state == "cancelled"
+        if cancelled or not self.store.run_started(record, self.holder, self.clock.now_ms()):
+            # Cancelled or rescheduled after it was handed on: never runs.
+            if cancelled:
+                self.store.run_finished(record, "cancelled", "job cancelled before the run", None, self.clock.now_ms())
             self.claims.complete(key, self.holder, True, None, self.clock.now_ms())
             self._count("cancelled")
-            log.info("skipped %s: the job was cancelled", record.job_id)
+            log.info("skipped %s run_at=%d: cancelled", record.job_id, record.run_at_ms)
             return
+        assert job_record is not None
         job = job_record.job
         with self._lock:
             self._running.add(key)
         try:
-            self.store.run_started(record, self.holder, self.clock.now_ms())
             outcome = run_target(job, context_for(job, record))
             end = self.clock.now_ms()
             state = "succeeded" if outcome.succeeded else "failed"

@@ -24,6 +24,7 @@ from pysched.protocols import (
     JobNotFound,
     PlannedRun,
     ScheduleStore,
+    dispatch_row,
 )
 from pysched.records import DispatchRecord
 from tests.conftest import cluster_config_for
@@ -97,7 +98,7 @@ def dispatch(
 ) -> tuple[list[tuple[int, str, int, int, int, int, int]], list[tuple[int, int, str, int, int, int]]]:
     """One leader step: everything due, begun, (published,) finished."""
     rows = [r for r in backend.store.due_runs(every(fence), horizon, now) if r[1] <= now]
-    sent = backend.store.begin_dispatch(rows, every(fence), now)
+    sent = [dispatch_row(r) for r in rows]
     planned = backend.store.finish_dispatch(sent, every(fence), now, next_run)
     return sent, planned
 
@@ -175,6 +176,14 @@ def test_cancel_stops_pending_runs_and_keeps_history(backend: Backend) -> None:
         backend.store.cancel_job("nope", T0)
 
 
+def test_a_run_rescheduled_after_it_was_sent_does_not_start(backend: Backend) -> None:
+    backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    (row,) = [dispatch_row(r) for r in backend.store.due_runs(every(1), T0 + 60_000, T0 + 10_000)]
+    # Sent, not yet started, when the job moves to another schedule.
+    backend.store.reschedule(cron_job(expr="7 * * * *"), 0, PlannedRun(T0 + 420_000, T0 + 420_000), T0 + 10_001)
+    assert not backend.store.run_started(record(row, 1), "w1", T0 + 10_002)
+
+
 def test_reschedule_replaces_pending_runs(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
     new = cron_job(expr="0 * * * *")
@@ -185,15 +194,13 @@ def test_reschedule_replaces_pending_runs(backend: Backend) -> None:
         backend.store.reschedule(cron_job("nope"), 0, None, T0)
 
 
-def test_a_run_begun_but_not_finished_is_handed_on_by_the_next_leader(backend: Backend) -> None:
+def test_a_run_sent_but_not_finished_is_handed_on_by_the_next_leader(backend: Backend) -> None:
     backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
     rows = backend.store.due_runs(every(1), T0 + 1_000, T0 + 100)
-    backend.store.begin_dispatch(rows, every(1), T0 + 100)
-    # The leader dies here, before finish_dispatch: its successor sends again.
+    # Published here; the leader dies before finish_dispatch: its successor
+    # sends the run again.
     again = backend.store.due_runs(every(2), T0 + 1_000, T0 + 200)
     assert [r[0] for r in again] == [rows[0][0]]
-    sent = backend.store.begin_dispatch(again, every(2), T0 + 300)
-    assert [r[0] for r in sent] == [rows[0][0]]
 
 
 def test_embedded_runs_of_an_older_fence_are_handed_on_again(backend: Backend) -> None:
@@ -215,7 +222,7 @@ def test_embedded_running_run_with_dead_lease_is_handed_on_again(backend: Backen
     ((run_id, _),) = due(backend, T0 + 1_000, 1, T0)
     (row,), _ = dispatch(backend, T0 + 1_000, 1, T0 + 100)
     assert backend.claims.claim(record(row, 1), "w1", T0 + 110, 30_000).outcome is ClaimOutcome.CLAIMED
-    backend.store.run_started(record(row, 1), "w1", T0 + 110)
+    assert backend.store.run_started(record(row, 1), "w1", T0 + 110)
     assert due(backend, T0 + 1_000, 1, T0 + 20_000) == []  # lease alive
     assert due(backend, T0 + 1_000, 1, T0 + 40_000) == [(run_id, T0 + 100)]  # lease died
 
@@ -223,7 +230,7 @@ def test_embedded_running_run_with_dead_lease_is_handed_on_again(backend: Backen
 def test_outcomes_are_recorded(backend: Backend) -> None:
     backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
     (row,), _ = dispatch(backend, T0 + 1_000, 1, T0 + 150)
-    backend.store.run_started(record(row, 1), "w1", T0 + 160)
+    assert backend.store.run_started(record(row, 1), "w1", T0 + 160)
     backend.store.run_finished(record(row, 1), "failed", "exit status 3", "out", T0 + 200)
     (run,) = backend.store.history("o")
     assert (run.state, run.started_at_ms, run.ended_at_ms, run.error, run.result, run.worker) == (

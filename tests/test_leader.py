@@ -11,7 +11,8 @@ from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.model import Job
 from pysched.node import open_embedded
-from pysched.protocols import ClaimOutcome
+from pysched.planning import next_run
+from pysched.protocols import ClaimOutcome, dispatch_row
 from pysched.registry import register
 from pysched.worker import WorkerPool
 
@@ -98,8 +99,9 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     old = backends.coordinator.poll("old", T0)
     assert old
     rows = backends.store.due_runs(old, T0 + 60_000, T0 + 100)
-    sent = backends.store.begin_dispatch(rows, old, T0 + 100)
+    sent = [dispatch_row(r) for r in rows]
     stale_payload = native.encode_batch(sent, old[0], T0 + 100)[0]
+    backends.store.finish_dispatch(sent, old, T0 + 100, next_run)
     # The old leader pauses past its lease; another node takes over.
     new = backends.coordinator.poll("new", T0 + 5_000)
     assert new and all(new[p] > old[p] for p in old)
@@ -109,7 +111,8 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     assert backends.store.history("o")[0].state == "dispatched"  # not run
     # The new leader hands the run on again under its fence and it runs once.
     again = backends.store.due_runs(new, T0 + 60_000, T0 + 5_000)
-    sent = backends.store.begin_dispatch(again, new, T0 + 5_000)
+    sent = [dispatch_row(r) for r in again]
+    backends.store.finish_dispatch(sent, new, T0 + 5_000, next_run)
     payload = native.encode_batch(sent, new[0], T0 + 5_000)[0]
     assert pool.handle(payload) is ClaimOutcome.CLAIMED
     assert pool.handle(payload) is ClaimOutcome.SUCCEEDED

@@ -1,28 +1,29 @@
 """The embedded dispatcher: a queue inside the node.
 
-Durability comes from the store, not from here: the runs were marked
-dispatched in the store before ``publish``; if the process dies with payloads
-still queued, the next leader hands those runs on again.
+Durability comes from the store, not from here: a run is recorded as handed
+on only after it was queued; if the process dies first, the store still has
+it and the next leader sends it again.
+
+The queue is a deque that a whole batch extends at once, so handing on a
+burst of 50,000 runs costs one C-level call, not 50,000 queue operations.
 """
 
 from __future__ import annotations
 
-import queue
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from pysched.protocols import Delivery
 
 
 class InProcessConsumer:
-    def __init__(self, source: queue.SimpleQueue[Delivery]) -> None:
-        self._source = source
+    def __init__(self, dispatcher: InProcessDispatcher) -> None:
+        self._dispatcher = dispatcher
 
     def next(self, timeout_s: float) -> Delivery | None:
-        try:
-            return self._source.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+        return self._dispatcher.take(timeout_s)
 
     def ack(self, delivery: Delivery) -> None:
         pass  # nothing to redeliver from: the store re-dispatches lost runs
@@ -33,21 +34,37 @@ class InProcessConsumer:
 
 class InProcessDispatcher:
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self._items: deque[tuple[bytes, int]] = deque()
+        self._ready = threading.Condition()
         self._closed = False
 
     def publish(self, batch: Sequence[tuple[int, bytes]]) -> None:
         if self._closed:
             raise RuntimeError("dispatcher is closed")
         now = time.time_ns() // 1_000_000
-        for _, payload in batch:
-            self._queue.put(Delivery(payload, now))
+        self._items.extend([(payload, now) for _, payload in batch])
+        with self._ready:
+            self._ready.notify_all()
+
+    def take(self, timeout_s: float) -> Delivery | None:
+        try:
+            payload, at = self._items.popleft()
+        except IndexError:
+            with self._ready:
+                self._ready.wait(timeout_s)
+            try:
+                payload, at = self._items.popleft()
+            except IndexError:
+                return None
+        return Delivery(payload, at)
 
     def consumer(self) -> InProcessConsumer:
-        return InProcessConsumer(self._queue)
+        return InProcessConsumer(self)
 
     def close(self) -> None:
         self._closed = True
+        with self._ready:
+            self._ready.notify_all()
 
     def qsize(self) -> int:
-        return self._queue.qsize()
+        return len(self._items)

@@ -208,6 +208,7 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = ?, error = null"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
+        self._run_state = p(f"SELECT state FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?")
         self._run_finished = p(
             f"UPDATE {ks}.runs SET state = ?, ended_at_ms = ?, error = ?, result = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
@@ -383,14 +384,10 @@ class CassandraScheduleStore:
         for (_, p, _, _), (ok, result) in zip(args, results, strict=True):
             if not ok:
                 raise result
-            rows.extend((r.run_id, r.due_ms, r.job_id, r.run_at_ms, p, r.attempt_group) for r in result)
+            # Attempt 1: re-sends after a failover are not counted here.
+            rows.extend((r.run_id, r.due_ms, r.job_id, r.run_at_ms, p, r.attempt_group, 1) for r in result)
         rows.sort(key=lambda r: (r[1], r[0]))
         return rows
-
-    def begin_dispatch(self, rows: Sequence[DueRow], fences: Fences, now_ms: int) -> list[DispatchRow]:
-        # Kafka is the durable step; nothing to mark first. The attempt is the
-        # delivery count the worker sees; a re-send after failover reuses 1.
-        return [(r[0], r[2], r[3], r[1], r[4], 1, r[5]) for r in rows if r[4] in fences]
 
     def finish_dispatch(
         self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
@@ -442,18 +439,24 @@ class CassandraScheduleStore:
             self._write_run(r[1], job_row.partition, nxt)
             # Not the state: a cancel racing this must stay a cancel.
             self.session.execute(self._set_next, (nxt.run_at_ms, nxt.due_ms, now_ms, r[1]))
-            planned.append((run_id_for(r[1], nxt.run_at_ms, 0), nxt.due_ms, r[1], nxt.run_at_ms, job_row.partition, 0))
+            planned.append(
+                (run_id_for(r[1], nxt.run_at_ms, 0), nxt.due_ms, r[1], nxt.run_at_ms, job_row.partition, 0, 1)
+            )
         for job_id in completed:
             self.session.execute(self._set_job_state, ("completed", now_ms, job_id, "active"))
         return planned
 
     # -- the worker's side ----------------------------------------------------
 
-    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> None:
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
+        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        if row is not None and row.state == "cancelled":
+            return False
         self.session.execute(
             self._run_started,
             (now_ms, worker, record.attempt, record.job_id, record.run_at_ms, record.attempt_group),
         )
+        return True
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int

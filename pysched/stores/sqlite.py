@@ -194,43 +194,27 @@ class SQLiteScheduleStore:
         rows = (
             self.db.connection()
             .execute(
-                f"SELECT run_id, due_ms, job_id, run_at_ms, partition, attempt_group FROM runs"
+                f"SELECT run_id, due_ms, job_id, run_at_ms, partition, attempt_group, attempt + 1 FROM runs"
                 f" WHERE due_ms < ? AND partition IN ({marks}) AND {_ELIGIBLE_QMARK} ORDER BY due_ms, run_id",
                 [horizon_ms, *fences, fence, now_ms],
             )
             .fetchall()
         )
-        return [(int(r), int(d), str(j), int(a), int(p), int(g)) for r, d, j, a, p, g in rows]
-
-    def begin_dispatch(self, rows: Sequence[DueRow], fences: Fences, now_ms: int) -> list[DispatchRow]:
-        # The in-process queue dies with the node, so the durable step is here:
-        # marked dispatched under the fence, a successor re-sends what we lose.
-        out: list[DispatchRow] = []
-        by_fence: dict[int, list[int]] = {}
-        for row in rows:
-            if row[4] in fences:
-                by_fence.setdefault(fences[row[4]], []).append(row[0])
-        with self.db.transaction() as conn:
-            for fence, run_ids in by_fence.items():
-                for start in range(0, len(run_ids), _CHUNK):
-                    chunk = run_ids[start : start + _CHUNK]
-                    marks = ",".join("?" * len(chunk))
-                    out.extend(
-                        conn.execute(
-                            "UPDATE runs SET state = 'dispatched', fence = ?, dispatched_at_ms = ?,"
-                            f" attempt = attempt + 1 WHERE run_id IN ({marks}) AND {_ELIGIBLE_QMARK}"
-                            " RETURNING run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group",
-                            [fence, now_ms, *chunk, fence, now_ms],
-                        ).fetchall()
-                    )
-        out.sort(key=lambda r: (r[3], r[0]))
-        return out
+        return [(int(r), int(d), str(j), int(a), int(p), int(g), int(n)) for r, d, j, a, p, g, n in rows]
 
     def finish_dispatch(
         self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
     ) -> list[DueRow]:
         next_runs: list[DueRow] = []
         with self.db.transaction() as conn:
+            # Handed on before this mark (the in-process queue is no durable
+            # step): a crash before this commit leaves the runs scheduled, and
+            # the next leader sends them again.
+            conn.executemany(
+                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched') THEN 'dispatched'"
+                " ELSE state END, fence = ?, dispatched_at_ms = ?, attempt = max(attempt, ?) WHERE run_id = ?",
+                [(fences[r[4]], now_ms, r[5], r[0]) for r in rows],
+            )
             jobs: dict[str, tuple[Job, str, int, int]] = {}
             for _, job_id, run_at_ms, _, _, _, _ in rows:
                 if job_id not in jobs:
@@ -256,7 +240,7 @@ class SQLiteScheduleStore:
                     continue
                 run_id = self._insert_run(conn, job_id, partition, planned)
                 if run_id is not None:
-                    next_runs.append((run_id, planned.due_ms, job_id, planned.run_at_ms, partition, 0))
+                    next_runs.append((run_id, planned.due_ms, job_id, planned.run_at_ms, partition, 0, 1))
             marks_by_partition: dict[int, int] = {}
             for r in rows:
                 marks_by_partition[r[4]] = max(marks_by_partition.get(r[4], r[3]), r[3])
@@ -269,13 +253,14 @@ class SQLiteScheduleStore:
 
     # -- the worker's side ----------------------------------------------------
 
-    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> None:
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
         with self.db.transaction() as conn:
-            conn.execute(
+            cur = conn.execute(
                 "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = max(attempt, ?),"
-                " error = NULL WHERE run_id = ?",
+                " error = NULL WHERE run_id = ? AND state != 'cancelled'",
                 (now_ms, worker, record.attempt, record.run_id),
             )
+            return cur.rowcount == 1
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int

@@ -1,0 +1,2 @@
+"""pysched-loadgen: replay the top-of-the-hour spike against a scheduler and
+measure it from outside pysched's own bookkeeping."""

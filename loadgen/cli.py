@@ -1,0 +1,183 @@
+"""`pysched-loadgen spike|sustain`: load a scheduler and report what it did.
+
+    pysched-loadgen spike --n 50000 --shape instant --embedded --json out.json --plot out.png
+    pysched-loadgen spike --n 50000 --config .services/cluster.toml --at 2026-12-02T16:00:00Z
+    pysched-loadgen sustain --rate 1200 --duration 600 --config .services/cluster.toml
+
+Fire lag = when the run was handed to the dispatch channel (cluster: the
+broker's LogAppendTime of its record; embedded: when the in-process queue
+took it) minus its target (the jittered target where jitter applies).
+Executions are counted from a ledger the job itself appends to.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from loadgen.measure import plot, report
+from loadgen.runner import now_ms, run_cluster, run_embedded
+from loadgen.shapes import SHAPES, spike_jobs, sustain_jobs
+from pysched.config import ConfigError
+from pysched.config import load as load_config
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n\n")[0])
+
+ConfigOpt = Annotated[str | None, typer.Option("--config", help="Cluster TOML: load a running cluster.")]
+EmbeddedOpt = Annotated[bool, typer.Option("--embedded", help="Start an embedded scheduler in this process.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the figures to this file.")]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Draw the fire-lag CDF and histogram (PNG).")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Embedded worker threads.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the dispatches after the spike.")]
+ExecOpt = Annotated[float, typer.Option("--exec-timeout", help="Seconds to wait for the executions after that.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _instant(at: str | None, in_s: float | None, minimum_s: float) -> int:
+    if at is not None and in_s is not None:
+        _fail("give --at or --in, not both")
+    if in_s is not None:
+        return now_ms() + round(in_s * 1000)
+    if at is not None:
+        try:
+            when = datetime.fromisoformat(at)
+        except ValueError:
+            _fail(f"--at: not an ISO 8601 time: {at!r}")
+        instant = int(when.astimezone().timestamp() * 1000)
+        if instant < now_ms() + minimum_s * 1000:
+            _fail(f"--at: {at} leaves less than {minimum_s:.0f} s to register the runs")
+        return instant
+    # The next minute boundary with room to register first.
+    earliest = now_ms() + round(minimum_s * 1000)
+    return (earliest // 60_000 + 1) * 60_000
+
+
+def _run(
+    make: Any,
+    embedded: bool,
+    config: str | None,
+    workers: int,
+    timeout: float,
+    exec_timeout: float,
+    quiet: bool,
+    extra: dict[str, Any],
+    json_path: Path | None,
+    plot_path: Path | None,
+    title: str,
+) -> dict[str, Any]:
+    if embedded == (config is not None):
+        _fail("give exactly one of --embedded, --config")
+    if config is not None:
+        try:
+            cfg = load_config(config)
+        except ConfigError as exc:
+            _fail(f"--config: {exc}")
+        observed, ledger, register_s = run_cluster(cfg, make, timeout, exec_timeout, quiet)
+        extra = {**extra, "mode": "cluster"}
+    else:
+        observed, ledger, register_s = run_embedded(make, workers, timeout, exec_timeout, quiet)
+        extra = {**extra, "mode": "embedded"}
+    figures = report(observed, ledger, register_s, extra)
+    lags = figures.pop("_fire_lags")
+    if plot_path is not None:
+        plot(lags, plot_path, title)
+    printable = {k: v for k, v in figures.items()}
+    typer.echo(json.dumps(printable, indent=2))
+    if json_path is not None:
+        json_path.write_text(json.dumps(printable, indent=2))
+    return figures
+
+
+@app.command()
+def spike(
+    n: Annotated[int, typer.Option("--n", min=1, help="Runs due at the instant.")] = 50_000,
+    at: Annotated[str | None, typer.Option("--at", help="The instant (ISO 8601); default the next minute.")] = None,
+    in_s: Annotated[float | None, typer.Option("--in", help="The instant, seconds from now.")] = None,
+    shape: Annotated[str, typer.Option("--shape", help=f"One of {', '.join(SHAPES)}.")] = "instant",
+    window: Annotated[float, typer.Option("--window", help="Jitter window in seconds.")] = 60.0,
+    embedded: EmbeddedOpt = False,
+    config: ConfigOpt = None,
+    workers: WorkersOpt = 4,
+    timeout: TimeoutOpt = 120.0,
+    exec_timeout: ExecOpt = 300.0,
+    json_path: JsonOpt = None,
+    plot_path: PlotOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """N runs due at one instant."""
+    if shape not in SHAPES:
+        _fail(f"--shape: {shape!r} is not one of {', '.join(SHAPES)}")
+    # Room to register: about 20k jobs a second embedded, 2k on the cluster.
+    minimum = 2 + n / (20_000 if embedded else 2_000)
+    instant = _instant(at, in_s, minimum)
+
+    def make(ledger: Path, prefix: str) -> list[Any]:
+        return list(spike_jobs(n, instant, shape, window, ledger, prefix))
+
+    figures = _run(
+        make,
+        embedded,
+        config,
+        workers,
+        timeout,
+        exec_timeout,
+        quiet,
+        {"shape": shape, "window_s": window if shape != "instant" else 0},
+        json_path,
+        plot_path,
+        f"spike of {n:,} ({shape})",
+    )
+    if figures["missed"] or figures["duplicates"]:
+        sys.exit(1)
+
+
+@app.command()
+def sustain(
+    rate: Annotated[float, typer.Option("--rate", min=0.1, help="Runs a second.")] = 1_200.0,
+    duration: Annotated[float, typer.Option("--duration", min=1, help="Seconds.")] = 60.0,
+    in_s: Annotated[float | None, typer.Option("--in", help="Start this many seconds from now.")] = None,
+    embedded: EmbeddedOpt = False,
+    config: ConfigOpt = None,
+    workers: WorkersOpt = 4,
+    timeout: TimeoutOpt = 60.0,
+    exec_timeout: ExecOpt = 300.0,
+    json_path: JsonOpt = None,
+    plot_path: PlotOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """R runs a second for T seconds, end to end through execution."""
+    n = int(rate * duration)
+    start = now_ms() + round((in_s if in_s is not None else 2 + n / (20_000 if embedded else 2_000)) * 1000)
+
+    def make(ledger: Path, prefix: str) -> list[Any]:
+        return list(sustain_jobs(rate, duration, start, ledger, prefix))
+
+    figures = _run(
+        make,
+        embedded,
+        config,
+        workers,
+        timeout,
+        exec_timeout,
+        quiet,
+        {"rate": rate, "duration_s": duration},
+        json_path,
+        plot_path,
+        f"sustained {rate:g}/s for {duration:g} s",
+    )
+    if figures["missed"] or figures["duplicates"]:
+        sys.exit(1)
+
+
+def main() -> None:
+    app()
