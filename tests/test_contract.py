@@ -155,6 +155,14 @@ def test_dispatch_hands_each_run_on_once_and_plans_the_next(backend: Backend) ->
     assert backend.store.watermarks()[2] >= T0 + 60_000 - 10_000
 
 
+def test_a_run_registered_late_for_its_time_still_fires(backend: Backend) -> None:
+    # A slow registration: its run's time had passed by the time it was stored.
+    past = backend.clock_ms() - 120_000
+    backend.store.add_job(once_job("late", past), 0, 0, PlannedRun(past, past), past)
+    now = backend.clock_ms()
+    assert [r[2] for r in backend.store.due_runs(every(1), now + 60_000, now)] == ["late"]
+
+
 def test_one_shot_completes_after_dispatch(backend: Backend) -> None:
     backend.store.add_job(once_job("once", T0 + 500), 0, 0, PlannedRun(T0 + 500, T0 + 500), T0)
     sent, planned = dispatch(backend, T0 + 1_000, 1, T0 + 500)

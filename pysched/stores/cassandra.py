@@ -124,9 +124,11 @@ def ensure_schema(session: Session, config: ClusterConfig) -> None:
     missing = [p for p in range(config.partitions) if p not in known]
     if missing:
         start = time.time_ns() // 1_000_000 - SETTLE_MS
+        # Write timestamp 1: any real write wins over it, so this creates the
+        # row without a Paxos round that nodes starting together contend on.
         insert = session.prepare(
             f"INSERT INTO {config.keyspace}.watermarks (partition, fired_through_ms, fence) VALUES (?, ?, 0)"
-            " IF NOT EXISTS"
+            " USING TIMESTAMP 1"
         )
         for p in missing:
             session.execute(insert, (p, start))
@@ -230,6 +232,7 @@ class CassandraScheduleStore:
             )
             if not retake.was_applied:
                 raise JobExists(f"job {job.id!r} already exists")
+        first = self._not_before_now(first)
         state = "active" if first else "completed"
         # One logged batch: the run's rows and the job's activation land
         # together or not at all, so an active job always has its next run.
@@ -265,6 +268,7 @@ class CassandraScheduleStore:
             if not result.was_applied:
                 existing.append(job.id)
                 continue
+            first = self._not_before_now(first)
             batch = BatchStatement(batch_type=BatchType.LOGGED)
             if first is not None:
                 self._add_run_rows(batch, job.id, partition, first)
@@ -290,6 +294,7 @@ class CassandraScheduleStore:
         current = self._row(job.id)
         if current.state != "active":
             raise JobNotActive(f"job {job.id!r} is {current.state}")
+        first = self._not_before_now(first)
         if first is not None:
             self._write_run(job.id, current.partition, first)
         res = self.session.execute(
@@ -486,6 +491,15 @@ class CassandraScheduleStore:
             created_at_ms=row.created_at_ms,
             next_run=nxt,
         )
+
+    @staticmethod
+    def _not_before_now(run: PlannedRun | None) -> PlannedRun | None:
+        """A run registered for a time already past fires now: a due time
+        behind the watermark would never be read again."""
+        now = time.time_ns() // 1_000_000
+        if run is None or run.due_ms >= now:
+            return run
+        return PlannedRun(run.run_at_ms, now)
 
     def _add_run_rows(self, batch: BatchStatement, job_id: str, partition: int, run: PlannedRun) -> None:
         run_id = run_id_for(job_id, run.run_at_ms, 0)
