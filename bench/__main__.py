@@ -68,6 +68,46 @@ def micro(args: argparse.Namespace) -> int:
     return 0
 
 
+def _emit(figures: dict[str, Any], path: str | None) -> None:
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if path:
+        Path(path).write_text(text)
+
+
+def _correct(figures: dict[str, Any]) -> int:
+    """Benchmarks judge correctness only: a missed or doubled run fails."""
+    bad = [k for k in ("missed", "duplicates") if figures.get(k)]
+    if bad:
+        print(f"bench: {', '.join(f'{k}={figures[k]}' for k in bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def burst_cmd(args: argparse.Namespace) -> int:
+    from bench.burst import burst
+
+    figures = burst(args.n, args.repeat, args.config, args.start_nodes, args.start_workers)
+    _emit(figures, args.json)
+    return _correct(figures)
+
+
+def peers_cmd(args: argparse.Namespace) -> int:
+    from bench.peers import peers
+
+    figures = peers(args.n)
+    _emit(figures, args.json)
+    return _correct(figures["pysched"])
+
+
+def limit_cmd(args: argparse.Namespace) -> int:
+    from bench.limit import limit
+
+    figures = limit(args.config, args.n, args.start_nodes, args.start_workers)
+    _emit(figures, args.json)
+    return _correct(figures["pysched_cluster"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,6 +115,28 @@ def main() -> int:
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--quick", action="store_true", help="one short round each: CI's smoke form")
     p.set_defaults(func=micro)
+
+    def cluster_args(q: argparse.ArgumentParser, required: bool) -> None:
+        q.add_argument("--config", required=required, help="cluster TOML (default: embedded)")
+        q.add_argument("--start-nodes", type=int, default=0, help="start this many `pysched up` nodes for the run")
+        q.add_argument("--start-workers", type=int, default=0, help="and this many `pysched worker` processes")
+
+    b = sub.add_parser("burst", help="an instant spike, repeated; medians")
+    b.add_argument("--n", type=int, default=50_000)
+    b.add_argument("--repeat", type=int, default=3)
+    b.add_argument("--embedded", action="store_true", help="the default without --config")
+    cluster_args(b, required=False)
+    b.add_argument("--json")
+    b.set_defaults(func=burst_cmd)
+    q = sub.add_parser("peers", help="APScheduler, a heapq thread and pysched, one burst each")
+    q.add_argument("--n", type=int, default=50_000)
+    q.add_argument("--json")
+    q.set_defaults(func=peers_cmd)
+    lim = sub.add_parser("limit", help="pysched's cluster fire path against a bare producer")
+    lim.add_argument("--n", type=int, default=50_000)
+    cluster_args(lim, required=True)
+    lim.add_argument("--json")
+    lim.set_defaults(func=limit_cmd)
     args = parser.parse_args()
     return int(args.func(args))
 

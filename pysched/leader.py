@@ -20,6 +20,7 @@ that disappeared from the store (cancelled, rescheduled) leaves the wheel.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -49,9 +50,9 @@ class LeaderConfig:
     watermark_every_ms: int = 5_000
     standby_poll_ms: int = 500
     retry_backoff_ms: tuple[int, ...] = (100, 200, 500, 1_000, 2_000, 5_000)
-    # False polls the coordinator from the tick loop: deterministic under a
-    # simulated clock (test hook), but a slow coordinator then delays ticks.
-    coordinate_in_thread: bool = True
+    # False coordinates and records from the tick loop itself: deterministic
+    # under a simulated clock (test hook), but a slow backend then delays ticks.
+    threads: bool = True
 
 
 @dataclass(frozen=True)
@@ -97,23 +98,33 @@ class PartitionLeader:
         self._failures = 0
         self._retry_at = 0
         self._standby_logged = False
+        # Recording what was sent (next runs, watermarks) happens off the tick
+        # thread: a burst's 50,000 store writes must not hold up the next fire.
+        self._to_finish: queue.SimpleQueue[tuple[list[DispatchRow], dict[int, int], int]] = queue.SimpleQueue()
+        self._finished: queue.SimpleQueue[list[DueRow]] = queue.SimpleQueue()
+        self._unfinished = 0
+        self._unfinished_lock = threading.Lock()
 
     # -- the loops ------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Coordinate in a thread of its own; tick in this one."""
-        coordinating = None
-        if self.config.coordinate_in_thread:
+        coordinating = finishing = None
+        if self.config.threads:
             coordinating = threading.Thread(
                 target=self._coordinate_loop, args=(stop,), name="pysched-coordinator", daemon=True
             )
             coordinating.start()
+            finishing = threading.Thread(target=self._finish_loop, args=(stop,), name="pysched-finisher", daemon=True)
+            finishing.start()
         try:
             self._tick_loop(stop)
         finally:
             stop.set()
             if coordinating is not None:
                 coordinating.join(10)
+            if finishing is not None:
+                finishing.join(60)  # what was sent gets recorded before we let go
             # A clean hand-over: the successor starts from here, not from the
             # last periodic watermark.
             self._mark_quiet(self.clock.now_ms())
@@ -142,7 +153,7 @@ class PartitionLeader:
         versions: dict[int, int] = {}
         while not stop.is_set():
             now = self.clock.now_ms()
-            if not cfg.coordinate_in_thread and now >= next_coordinate:
+            if not cfg.threads and now >= next_coordinate:
                 next_coordinate = now + cfg.coordinate_every_ms
                 self._coordinate()
             with self._owned_lock:
@@ -164,6 +175,7 @@ class PartitionLeader:
                     next_reload = now + cfg.reload_every_ms
             elif changed:
                 self._guard(partial(self._reload, {p: self.fences[p] for p in changed}, False))
+            self._take_finished()
             due = self._wheel.advance(now)
             if len(due) or (self._retry and now >= self._retry_at):
                 self._dispatch(due)
@@ -231,7 +243,9 @@ class PartitionLeader:
     def _mark_quiet(self, now: int) -> bool:
         """Tell the store nothing of our partitions is left unsent up to now,
         so the watermarks of quiet partitions keep up too."""
-        if self._retry or not self.fences:
+        with self._unfinished_lock:
+            busy = self._unfinished > 0
+        if busy or self._retry or not self.fences:
             return False
         return self._guard(partial(self.store.finish_dispatch, [], dict(self.fences), now, next_run)) is not None
 
@@ -257,7 +271,6 @@ class PartitionLeader:
         sent = [dispatch_row(row) for row in rows]
         try:
             self.dispatcher.publish(list(_encode(sent, fences, now)))
-            planned = self.store.finish_dispatch(sent, fences, now, next_run)
         except Exception as exc:
             # Nothing moved past these runs: keep them and try again shortly.
             delay = self.config.retry_backoff_ms[min(self._failures, len(self.config.retry_backoff_ms) - 1)]
@@ -274,8 +287,58 @@ class PartitionLeader:
         if self.on_dispatch is not None:
             for row in sent:
                 self.on_dispatch(_event(row, now, fences[row[4]]))
+        if self.config.threads:
+            with self._unfinished_lock:
+                self._unfinished += 1
+            self._to_finish.put((sent, fences, now))
+        else:
+            self._finished.put(self._finish(sent, fences, now, threading.Event()))
+            self._take_finished()
+
+    # -- recording ------------------------------------------------------------
+
+    def _finish_loop(self, stop: threading.Event) -> None:
+        while True:
+            try:
+                sent, fences, now = self._to_finish.get(timeout=0.1)
+            except queue.Empty:
+                if stop.is_set():
+                    return
+                continue
+            try:
+                self._finished.put(self._finish(sent, fences, now, stop))
+            finally:
+                with self._unfinished_lock:
+                    self._unfinished -= 1
+
+    def _finish(self, sent: list[DispatchRow], fences: dict[int, int], now: int, stop: threading.Event) -> list[DueRow]:
+        """Record a sent batch, retrying until the store takes it: the runs
+        are out, so giving up would leave their jobs unplanned."""
+        failures = 0
+        while True:
+            try:
+                return self.store.finish_dispatch(sent, fences, now, next_run)
+            except Exception as exc:
+                delay = self.config.retry_backoff_ms[min(failures, len(self.config.retry_backoff_ms) - 1)]
+                failures += 1
+                log.warning(
+                    "recording %d sent runs failed (%s: %s); retrying in %d ms",
+                    len(sent),
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                if stop.wait(delay / 1000) and failures > 3:
+                    return []  # stopping: a successor sends these again
+
+    def _take_finished(self) -> None:
         horizon = self.clock.now_ms() + self.config.horizon_ms
-        self._add([row for row in planned if row[1] < horizon], horizon)
+        while True:
+            try:
+                planned = self._finished.get_nowait()
+            except queue.Empty:
+                return
+            self._add([row for row in planned if row[1] < horizon], horizon)
 
 
 def _encode(rows: list[DispatchRow], fences: dict[int, int], now: int) -> Iterable[tuple[int, bytes]]:

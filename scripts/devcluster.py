@@ -440,8 +440,8 @@ def start_cassandra(fresh: bool) -> Started:
         "cassandra",
         [
             java(),
-            "-Xms768m",
-            "-Xmx768m",
+            "-Xms1536m",
+            "-Xmx1536m",
             "-Xss256k",
             "-XX:+ExitOnOutOfMemoryError",
             "-XX:+UseG1GC",

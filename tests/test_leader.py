@@ -58,7 +58,7 @@ def test_a_simulated_ten_minutes_fires_every_run_once_on_time(tmp_path: Path) ->
         job({"id": "once", "schedule": {"kind": "once", "run_at_ms": T0 + 95_005}}),
     ]
     # Reload every second with a 60 s horizon: each run is loaded ~60 times.
-    config = LeaderConfig(reload_every_ms=1_000, tick_ms=10, coordinate_in_thread=False)
+    config = LeaderConfig(reload_every_ms=1_000, tick_ms=10, threads=False)
     end = T0 + 600_005
     events = run_leader(tmp_path, jobs, end, config)
     offset = native.jitter_offset("minutely", 60_000)
@@ -87,7 +87,7 @@ def test_a_run_missed_while_down_fires_once_then_the_schedule_resumes(tmp_path: 
         backends.dispatcher,
         clock,
         "n",
-        LeaderConfig(coordinate_in_thread=False),
+        LeaderConfig(threads=False),
         events.append,
     ).run(stop)
     assert [e.run_at_ms for e in events] == [T0 + 60_000, T0 + 11 * 60_000, T0 + 12 * 60_000, T0 + 13 * 60_000]

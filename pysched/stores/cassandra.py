@@ -199,6 +199,10 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.runs SET fence = ?, dispatched_at_ms = ? WHERE job_id = ? AND run_at_ms = ?"
             " AND attempt_group = ?"
         )
+        self._complete_job = p(
+            f"UPDATE {ks}.jobs SET state = 'completed', next_run_at_ms = null, next_due_ms = null, updated_at_ms = ?"
+            " WHERE job_id = ?"
+        )
         self._set_next = p(
             f"UPDATE {ks}.jobs SET next_run_at_ms = ?, next_due_ms = ?, updated_at_ms = ? WHERE job_id = ?"
         )
@@ -430,6 +434,7 @@ class CassandraScheduleStore:
                 jobs[job_id] = row
         planned: list[DueRow] = []
         completed: list[str] = []
+        batches: list[tuple[BatchStatement, None]] = []
         for r in rows:
             job_row = jobs.get(r[1])
             if job_row is None or job_row.state != "active":
@@ -441,14 +446,20 @@ class CassandraScheduleStore:
             if nxt is None:
                 completed.append(r[1])
                 continue
-            self._write_run(r[1], job_row.partition, nxt)
+            batch = BatchStatement(batch_type=BatchType.LOGGED)
+            self._add_run_rows(batch, r[1], job_row.partition, nxt)
             # Not the state: a cancel racing this must stay a cancel.
-            self.session.execute(self._set_next, (nxt.run_at_ms, nxt.due_ms, now_ms, r[1]))
+            batch.add(self._set_next, (nxt.run_at_ms, nxt.due_ms, now_ms, r[1]))
+            batches.append((batch, None))
             planned.append(
                 (run_id_for(r[1], nxt.run_at_ms, 0), nxt.due_ms, r[1], nxt.run_at_ms, job_row.partition, 0, 1)
             )
-        for job_id in completed:
-            self.session.execute(self._set_job_state, ("completed", now_ms, job_id, "active"))
+        for ok, result in execute_concurrent(self.session, batches, concurrency=128):
+            if not ok:
+                raise result
+        # A plain write, all at once: a one-shot whose run was sent is done, and
+        # a burst of 50,000 of them cannot wait on one Paxos round each.
+        self._concurrent(self._complete_job, [(now_ms, job_id) for job_id in completed])
         return planned
 
     # -- the worker's side ----------------------------------------------------

@@ -1,0 +1,67 @@
+"""`python -m bench limit`: the practical floor on this machine. A bare
+confluent-kafka producer sends 50k pre-built dispatch payloads to the same
+broker and topic; its lag is each record's LogAppendTime minus the moment it
+started. pysched's cluster fire path (an instant burst, same n) is reported
+as a ratio to it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import Producer
+
+from loadgen.measure import percentiles
+from pysched import native
+from pysched.config import load as load_config
+from pysched.dispatch.kafka import ensure_topic
+
+
+def bare_producer(config_path: str, n: int) -> dict[str, Any]:
+    config = load_config(config_path)
+    ensure_topic(config)
+    rows = [(k, f"bench-limit-{k:07d}", 0, 0, k % config.partitions, 1, 0) for k in range(n)]
+    payloads = native.encode_batch(rows, 0, 0)  # fence 0: every worker rejects them
+    producer = Producer(
+        {
+            "bootstrap.servers": config.kafka,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 1,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "log_level": 3,
+        }
+    )
+    producer.list_topics(config.topic, timeout=10)  # warm, as pysched's node is
+    appended: list[int] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            appended.append(msg.timestamp()[1])
+
+    start = time.time_ns() // 1_000_000
+    for k, payload in enumerate(payloads):
+        while True:
+            try:
+                producer.produce(config.topic, payload, partition=k % config.kafka_partitions, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush(60)
+    return {"n": n, "acknowledged": len(appended), **percentiles([a - start for a in appended])}
+
+
+def limit(config_path: str, n: int, nodes: int, workers: int) -> dict[str, Any]:
+    from bench.burst import burst
+
+    bare = bare_producer(config_path, n)
+    fire_path = burst(n, 1, config_path, nodes, workers)
+    out: dict[str, Any] = {
+        "n": n,
+        "bare_producer": bare,
+        "pysched_cluster": {k: v for k, v in fire_path.items() if k != "runs"},
+    }
+    if bare.get("p99_ms") and fire_path.get("p99_ms") is not None:
+        out["p99_ratio"] = round(fire_path["p99_ms"] / max(bare["p99_ms"], 1.0), 2)
+    return out

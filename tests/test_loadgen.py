@@ -1,0 +1,83 @@
+"""loadgen: its shapes, its figures, and a small spike end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen.measure import Observed, percentiles, report
+from loadgen.shapes import spike_jobs, sustain_jobs
+from pysched import native
+
+LOADGEN = [sys.executable, "-m", "loadgen"]
+T = 1_800_000_000_000
+
+
+def test_shapes(tmp_path: Path) -> None:
+    ledger = tmp_path / "l"
+    instant = list(spike_jobs(10, T, "instant", 60, ledger, "a"))
+    assert {due for _, due in instant} == {T} and all(job.critical for job, _ in instant)
+    jittered = list(spike_jobs(50, T, "jittered", 60, ledger, "b"))
+    assert all(due == T + native.jitter_offset(job.id, 60_000) for job, due in jittered)
+    assert len({due for _, due in jittered}) > 40  # spread, deterministically
+    realistic = list(spike_jobs(100, T, "realistic", 60, ledger, "c"))
+    assert sum(1 for _, due in realistic if due == T) >= 80
+    steady = [due for _, due in sustain_jobs(100, 2, T, ledger, "d")]
+    assert len(steady) == 200 and steady[0] == T and steady[-1] == T + 1_990
+
+
+def test_figures_count_from_the_ledger(tmp_path: Path) -> None:
+    observed = Observed({"a:1:0": 100, "b:1:0": 100, "c:1:0": 100})
+    observed.saw_dispatch("a:1:0", 110)
+    observed.saw_dispatch("b:1:0", 130)
+    observed.saw_dispatch("b:1:0", 150)  # a second delivery
+    observed.saw_dispatch("zzz", 1)  # not ours
+    ledger = tmp_path / "ledger"
+    ledger.write_text("a:1:0 100 120\nb:1:0 100 140\nb:1:0 100 160\n")
+    out = report(observed, ledger, 1.5, {})
+    assert (out["n"], out["fired"], out["missed"], out["executed"]) == (3, 2, 1, 2)
+    assert (out["duplicates"], out["redispatched"]) == (1, 1)
+    assert sorted(out.pop("_fire_lags")) == [10, 30]
+    assert out["max_ms"] == 30 and out["start"]["max_ms"] == 40
+
+
+def test_percentiles_of_nothing_are_none() -> None:
+    assert set(percentiles([]).values()) == {None}
+    assert percentiles([5] * 10)["p99_ms"] == 5
+
+
+@pytest.mark.slow
+def test_a_small_embedded_spike_fires_and_runs_everything_once(tmp_path: Path) -> None:
+    out = tmp_path / "spike.json"
+    png = tmp_path / "spike.png"
+    proc = subprocess.run(
+        [*LOADGEN, "spike", "--n", "300", "--in", "2", "--embedded", "--quiet", "--json", str(out), "--plot", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    for key in ("n", "fired", "missed", "duplicates", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "register_s"):
+        assert key in figures
+    assert (figures["n"], figures["fired"], figures["missed"], figures["duplicates"]) == (300, 300, 0, 0)
+    assert figures["executed"] == 300
+    assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["spike", "--embedded", "--shape", "square"], "--shape"),
+        (["spike", "--embedded", "--config", "x.toml", "--in", "1"], "exactly one of --embedded, --config"),
+        (["spike", "--embedded", "--at", "soon"], "--at: not an ISO 8601 time"),
+        (["spike", "--config", "/nonexistent.toml", "--in", "1"], "--config"),
+    ],
+)
+def test_bad_input_is_named(args: list[str], message: str) -> None:
+    proc = subprocess.run([*LOADGEN, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
