@@ -30,7 +30,7 @@ def arrays(n: int) -> tuple[np.ndarray, np.ndarray]:
     return handles, due
 
 
-@pytest.mark.parametrize("n", [10_000, 100_000])
+@pytest.mark.parametrize("n", [10_000, 100_000, 1_000_000])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_wheel_batch_insert(benchmark: Any, impl: str, n: int) -> None:
     handles, due = arrays(n)
@@ -46,7 +46,7 @@ def test_wheel_batch_insert(benchmark: Any, impl: str, n: int) -> None:
     assert len(wheel) == n
 
 
-@pytest.mark.parametrize("n", [10_000, 100_000])
+@pytest.mark.parametrize("n", [10_000, 100_000, 1_000_000])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_wheel_advance_through_a_minute(benchmark: Any, impl: str, n: int) -> None:
     handles, due = arrays(n)
