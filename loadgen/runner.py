@@ -99,6 +99,17 @@ def _wait(
     poll()
 
 
+def _prepare(
+    make_jobs: Callable[[Path, str], list[tuple[Job, int]]],
+) -> tuple[Path, Path, list[tuple[Job, int]], Observed]:
+    """A scratch folder, its ledger, the jobs, and what to expect of them."""
+    tmp = Path(tempfile.mkdtemp(prefix="pysched-loadgen-"))
+    ledger = tmp / "ledger.txt"
+    jobs = make_jobs(ledger, f"lg{uuid.uuid4().hex[:6]}-")
+    observed = Observed({f"{job.id}:{job.schedule.run_at_ms}:0": due for job, due in jobs})  # type: ignore[union-attr]
+    return tmp, ledger, jobs, observed
+
+
 def run_embedded(
     make_jobs: Callable[[Path, str], list[tuple[Job, int]]],
     workers: int,
@@ -106,10 +117,7 @@ def run_embedded(
     exec_timeout_s: float,
     quiet: bool = False,
 ) -> tuple[Observed, Path, float]:
-    tmp = Path(tempfile.mkdtemp(prefix="pysched-loadgen-"))
-    ledger = tmp / "ledger.txt"
-    jobs = make_jobs(ledger, f"lg{uuid.uuid4().hex[:6]}-")
-    observed = Observed({f"{job.id}:{job.schedule.run_at_ms}:0": due for job, due in jobs})  # type: ignore[union-attr]
+    tmp, ledger, jobs, observed = _prepare(make_jobs)
     backends = open_embedded(tmp / "loadgen.db")
     tap = TappedDispatcher()
     backends.dispatcher = tap
@@ -145,10 +153,7 @@ def run_cluster(
 ) -> tuple[Observed, Path, float]:
     from confluent_kafka import Consumer
 
-    tmp = Path(tempfile.mkdtemp(prefix="pysched-loadgen-"))
-    ledger = tmp / "ledger.txt"
-    jobs = make_jobs(ledger, f"lg{uuid.uuid4().hex[:6]}-")
-    observed = Observed({f"{job.id}:{job.schedule.run_at_ms}:0": due for job, due in jobs})  # type: ignore[union-attr]
+    _, ledger, jobs, observed = _prepare(make_jobs)
     consumer = Consumer(
         {
             "bootstrap.servers": config.kafka,

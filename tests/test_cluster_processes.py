@@ -71,8 +71,8 @@ class Cluster:
                     {
                         "id": f"j{k:05d}",
                         "schedule": {"kind": "once", "run_at_ms": first_ms + k * spread_ms // n},
-                        "target": {"kind": "python", "ref": "tests.ledger:append"},
-                        "payload": {"ledger": str(self.ledger)},
+                        "target": {"kind": "python", "ref": "loadgen.target:append"},
+                        "payload": {"ledger": str(self.ledger), "due_ms": first_ms + k * spread_ms // n},
                     }
                 )
                 for k in range(n)
@@ -85,7 +85,10 @@ class Cluster:
         return {f"j{k:05d}:{first_ms + k * spread_ms // n}:0" for k in range(n)}
 
     def ledger_keys(self) -> Counter[str]:
-        return Counter(self.ledger.read_text().split()) if self.ledger.exists() else Counter()
+        # loadgen's ledger: "<idempotency key> <due_ms> <started_ms>" a line.
+        if not self.ledger.exists():
+            return Counter()
+        return Counter(line.split()[0] for line in self.ledger.read_text().splitlines())
 
     def three_nodes_two_workers(self) -> dict[str, subprocess.Popen[bytes]]:
         nodes = {name: self.node(name) for name in ("node-a", "node-b", "node-c")}

@@ -51,26 +51,8 @@ class SQLiteScheduleStore:
     # -- registration ---------------------------------------------------------
 
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
-        with self.db.transaction() as conn:
-            try:
-                conn.execute(
-                    "INSERT INTO jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        job.id,
-                        job.model_dump_json(),
-                        "active" if first else "completed",
-                        partition,
-                        jitter_ms,
-                        now_ms,
-                        now_ms,
-                    ),
-                )
-            except sqlite3.IntegrityError:
-                raise JobExists(f"job {job.id!r} already exists") from None
-            if first is not None:
-                self._insert_run(conn, job.id, partition, first)
-            self._bump(conn, partition)
+        if self.add_jobs([(job, partition, jitter_ms, first)], now_ms):
+            raise JobExists(f"job {job.id!r} already exists")
         return self.get_job(job.id)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
