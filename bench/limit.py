@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from loadgen.measure import percentiles
 from pysched import native
 from pysched.config import load as load_config
-from pysched.dispatch.kafka import ensure_topic
+from pysched.dispatch.kafka import ensure_topic, producer_settings
 
 
 def bare_producer(config_path: str, n: int) -> dict[str, Any]:
@@ -22,17 +22,9 @@ def bare_producer(config_path: str, n: int) -> dict[str, Any]:
     ensure_topic(config)
     rows = [(k, f"bench-limit-{k:07d}", 0, 0, k % config.partitions, 1, 0) for k in range(n)]
     payloads = native.encode_batch(rows, 0, 0)  # fence 0: every worker rejects them
-    producer = Producer(
-        {
-            "bootstrap.servers": config.kafka,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 1,
-            "batch.num.messages": 10_000,
-            "queue.buffering.max.messages": 1_000_000,
-            "log_level": 3,
-        }
-    )
+    # The same settings as pysched's own producer: the comparison is of
+    # everything around the producer, not of its configuration.
+    producer = Producer(producer_settings(config))
     producer.list_topics(config.topic, timeout=10)  # warm, as pysched's node is
     appended: list[int] = []
 
