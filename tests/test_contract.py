@@ -38,7 +38,9 @@ T0 = 0
 @pytest.fixture(autouse=True)
 def _fresh_t0() -> None:
     global T0
-    T0 = (time.time_ns() // 60_000_000_000 + 1) * 60_000
+    # At least 10 s ahead: a store may raise a run already due to the wall
+    # clock, which must not catch up with the test's planned times.
+    T0 = ((time.time_ns() // 1_000_000 + 10_000) // 60_000 + 1) * 60_000
 
 
 @dataclass
