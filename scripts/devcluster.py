@@ -379,6 +379,7 @@ file_cache_size: 32MiB
 networking_cache_size: 16MiB
 index_summary_capacity: 8MiB
 concurrent_compactors: 1
+paxos_variant: v2
 storage_compatibility_mode: NONE
 """
 
