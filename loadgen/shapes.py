@@ -26,7 +26,7 @@ def spike_jobs(
         job_id = f"{prefix}{k:07d}"
         jittered = shape == "jittered" or (shape == "realistic" and k % 5 == 4)
         due = instant_ms + (native.jitter_offset(job_id, window_ms) if jittered and window_ms else 0)
-        spec = {
+        spec: dict[str, object] = {
             "id": job_id,
             "schedule": {"kind": "once", "run_at_ms": instant_ms},
             "target": {"kind": "python", "ref": "loadgen.target:append"},
