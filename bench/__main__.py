@@ -138,7 +138,13 @@ def main() -> int:
     lim.add_argument("--json")
     lim.set_defaults(func=limit_cmd)
     args = parser.parse_args()
-    return int(args.func(args))
+    from loadgen.runner import RegisteredLate
+
+    try:
+        return int(args.func(args))
+    except RegisteredLate as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

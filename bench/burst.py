@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.measure import report
-from loadgen.runner import now_ms, run_cluster, run_embedded
+from loadgen.runner import now_ms, registration_lead_s, run_cluster, run_embedded
 from loadgen.shapes import spike_jobs
 from pysched.config import load as load_config
 
@@ -74,7 +74,7 @@ def cluster_processes(config: str, nodes: int, workers: int) -> Iterator[None]:
 
 
 def burst(n: int, repeat: int, config: str | None, nodes: int, workers: int) -> dict[str, Any]:
-    lead_s = 3 + n / (20_000 if config is None else 400)
+    lead_s = registration_lead_s(n, embedded=config is None)
     runs: list[dict[str, Any]] = []
     if config is not None and (nodes or workers):
         with cluster_processes(config, nodes, workers):

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from loadgen.measure import plot, report
-from loadgen.runner import now_ms, run_cluster, run_embedded
+from loadgen.runner import RegisteredLate, now_ms, registration_lead_s, run_cluster, run_embedded
 from loadgen.shapes import SHAPES, spike_jobs, sustain_jobs
 from pysched.config import ConfigError
 from pysched.config import load as load_config
@@ -41,11 +41,6 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
-
-
-def _registration_lead_s(n: int, embedded: bool) -> float:
-    """Room to register n runs first: ~20k jobs a second embedded, ~2k on a cluster."""
-    return 2 + n / (20_000 if embedded else 2_000)
 
 
 def _instant(at: str | None, in_s: float | None, minimum_s: float) -> int:
@@ -87,11 +82,14 @@ def _run(
             cfg = load_config(config)
         except ConfigError as exc:
             _fail(f"--config: {exc}")
-        observed, ledger, register_s = run_cluster(cfg, make, timeout, exec_timeout, quiet)
-        extra = {**extra, "mode": "cluster"}
-    else:
-        observed, ledger, register_s = run_embedded(make, workers, timeout, exec_timeout, quiet)
-        extra = {**extra, "mode": "embedded"}
+    try:
+        if config is not None:
+            observed, ledger, register_s = run_cluster(cfg, make, timeout, exec_timeout, quiet)
+        else:
+            observed, ledger, register_s = run_embedded(make, workers, timeout, exec_timeout, quiet)
+    except RegisteredLate as exc:
+        _fail(str(exc))
+    extra = {**extra, "mode": "embedded" if config is None else "cluster"}
     figures = report(observed, ledger, register_s, extra)
     lags = figures.pop("_fire_lags")
     if plot_path is not None:
@@ -124,7 +122,7 @@ def spike(
     """N runs due at one instant."""
     if shape not in SHAPES:
         _fail(f"--shape: {shape!r} is not one of {', '.join(SHAPES)}")
-    instant = _instant(at, in_s, _registration_lead_s(n, embedded))
+    instant = _instant(at, in_s, registration_lead_s(n, embedded))
 
     def make(ledger: Path, prefix: str) -> list[Any]:
         return list(spike_jobs(n, instant, shape, window, ledger, prefix))
@@ -160,7 +158,7 @@ def sustain(
 ) -> None:
     """R runs a second for T seconds, end to end through execution."""
     n = int(rate * duration)
-    start = now_ms() + round((in_s if in_s is not None else _registration_lead_s(n, embedded)) * 1000)
+    start = now_ms() + round((in_s if in_s is not None else registration_lead_s(n, embedded)) * 1000)
 
     def make(ledger: Path, prefix: str) -> list[Any]:
         return list(sustain_jobs(rate, duration, start, ledger, prefix))

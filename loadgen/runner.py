@@ -32,6 +32,30 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# Jobs a second each engine registers here in bulk, with room to spare: the
+# cluster's rate is one lightweight transaction and one logged batch per job.
+REGISTER_RATE = {"embedded": 20_000, "cluster": 250}
+
+
+def registration_lead_s(n: int, embedded: bool) -> float:
+    """Seconds to allow for registering n runs before the first is due."""
+    return 3 + n / REGISTER_RATE["embedded" if embedded else "cluster"]
+
+
+class RegisteredLate(RuntimeError):
+    """Registration was still going when the runs fell due: the figures would
+    time registration, not firing."""
+
+
+def _check_in_time(jobs: list[tuple[Job, int]]) -> None:
+    first_due = min(due for _, due in jobs)
+    late_s = (now_ms() - first_due) / 1000
+    if late_s > -0.5:
+        raise RegisteredLate(
+            f"registration finished {late_s:+.1f} s from the first due time; start the runs later (--in, --at)"
+        )
+
+
 class TappedDispatcher(InProcessDispatcher):
     """The in-process queue, noting when each batch was handed over."""
 
@@ -129,6 +153,7 @@ def run_embedded(
             register_many(backends.store, chunk, now_ms())
             progress.update(task, completed=start + len(chunk))
         register_s = time.monotonic() - t
+        _check_in_time(jobs)
         node = Node(backends, worker_config=WorkerConfig(concurrency=workers))
         stop = threading.Event()
         thread = threading.Thread(target=node.run, args=(stop,), name="loadgen-node", daemon=True)
@@ -185,6 +210,7 @@ def run_cluster(
                 progress.update(task, completed=start + len(chunk))
                 poll()
             register_s = time.monotonic() - t
+            _check_in_time(jobs)
             last_due = max(due for _, due in jobs)
             _wait(progress, observed, ledger, last_due, timeout_s, poll, exec_timeout_s)
     finally:

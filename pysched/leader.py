@@ -32,7 +32,7 @@ import numpy as np
 from pysched import native
 from pysched.clock import Clock
 from pysched.planning import next_run
-from pysched.protocols import Coordinator, Dispatcher, DispatchRow, DueRow, ScheduleStore, dispatch_row
+from pysched.protocols import NEAR_MS, Coordinator, Dispatcher, DispatchRow, DueRow, ScheduleStore, dispatch_row
 
 log = logging.getLogger("pysched.leader")
 T = TypeVar("T")
@@ -53,6 +53,15 @@ class LeaderConfig:
     # False coordinates and records from the tick loop itself: deterministic
     # under a simulated clock (test hook), but a slow backend then delays ticks.
     threads: bool = True
+
+    def __post_init__(self) -> None:
+        # Registrations due later than NEAR_MS send no change notice: the
+        # periodic reload must come round before they are due.
+        if self.reload_every_ms >= NEAR_MS or self.horizon_ms < NEAR_MS:
+            raise ValueError(
+                f"reload_every_ms must be under {NEAR_MS} and horizon_ms at least {NEAR_MS}:"
+                " runs registered further ahead are found by the periodic reload alone"
+            )
 
 
 @dataclass(frozen=True)
@@ -104,17 +113,31 @@ class PartitionLeader:
         self._finished: queue.SimpleQueue[list[DueRow]] = queue.SimpleQueue()
         self._unfinished = 0
         self._unfinished_lock = threading.Lock()
+        # Loading happens off the tick thread too: reading 25,000 rows from the
+        # store must not sit between two ticks. The loader hands what it read
+        # to the tick thread, which alone touches the wheel.
+        self._loaded: queue.SimpleQueue[_Loaded] = queue.SimpleQueue()
+        self._reload_all = threading.Event()
+        self._next_reload = self._next_change_poll = 0
+        self._versions: dict[int, int] = {}
+        # Runs the finisher planned, by the number of the hand-over that
+        # brought them: a load that began before they existed must not take
+        # their absence from it for a cancellation.
+        self._generation = 0
+        self._born: dict[int, int] = {}
 
     # -- the loops ------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Coordinate in a thread of its own; tick in this one."""
-        coordinating = finishing = None
+        coordinating = loading = finishing = None
         if self.config.threads:
             coordinating = threading.Thread(
                 target=self._coordinate_loop, args=(stop,), name="pysched-coordinator", daemon=True
             )
             coordinating.start()
+            loading = threading.Thread(target=self._load_loop, args=(stop,), name="pysched-loader", daemon=True)
+            loading.start()
             finishing = threading.Thread(target=self._finish_loop, args=(stop,), name="pysched-finisher", daemon=True)
             finishing.start()
         try:
@@ -123,11 +146,13 @@ class PartitionLeader:
             stop.set()
             if coordinating is not None:
                 coordinating.join(10)
+            if loading is not None:
+                loading.join(30)
             if finishing is not None:
                 finishing.join(60)  # what was sent gets recorded before we let go
             # A clean hand-over: the successor starts from here, not from the
             # last periodic watermark.
-            self._mark_quiet(self.clock.now_ms())
+            self._mark_quiet(self.clock.now_ms(), inline=True)
             self._guard(lambda: self.coordinator.release(self.holder))
             if self.fences:
                 log.info("released leadership of %d partitions", len(self.fences))
@@ -149,8 +174,7 @@ class PartitionLeader:
 
     def _tick_loop(self, stop: threading.Event) -> None:
         cfg = self.config
-        next_reload = next_change_poll = next_coordinate = next_watermark = 0
-        versions: dict[int, int] = {}
+        next_coordinate = next_watermark = 0
         while not stop.is_set():
             now = self.clock.now_ms()
             if not cfg.threads and now >= next_coordinate:
@@ -159,27 +183,18 @@ class PartitionLeader:
             with self._owned_lock:
                 owned = self._owned
             if owned != self.fences and self._take(owned):
-                next_reload = now
+                self._reload_all.set()
             if not self.fences:
                 self.clock.sleep(cfg.standby_poll_ms / 1000)
                 continue
-            changed: set[int] = set()
-            if now >= next_change_poll:
-                next_change_poll = now + cfg.change_poll_ms
-                new_versions = self._guard(self.store.change_versions)
-                if new_versions is not None:
-                    changed = {p for p in self.fences if new_versions.get(p) != versions.get(p)}
-                    versions = new_versions
-            if now >= next_reload:
-                if self._guard(partial(self._reload, self.fences, True)) is not None:
-                    next_reload = now + cfg.reload_every_ms
-            elif changed:
-                self._guard(partial(self._reload, {p: self.fences[p] for p in changed}, False))
+            if not cfg.threads:
+                self._load(now)
+            self._take_loaded()
             self._take_finished()
             due = self._wheel.advance(now)
             if len(due) or (self._retry and now >= self._retry_at):
                 self._dispatch(due)
-            if now >= next_watermark and self._mark_quiet(now):
+            if now >= next_watermark and self._mark_quiet(now, inline=not cfg.threads):
                 next_watermark = now + cfg.watermark_every_ms
             after = self.clock.now_ms()
             # Sleep to the next tick boundary so ticks do not drift.
@@ -225,28 +240,84 @@ class PartitionLeader:
 
     # -- loading --------------------------------------------------------------
 
-    def _reload(self, fences: dict[int, int], idle: bool) -> bool:
-        now = self.clock.now_ms()
+    def _load_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            if self.fences:
+                self._load(self.clock.now_ms())
+            stop.wait(self.config.change_poll_ms / 1000)
+
+    def _load(self, now: int) -> None:
+        """Read what the wheel should hold: every ``reload_every``, at once
+        after gaining partitions, and for the partitions whose jobs changed."""
+        cfg = self.config
+        fences = self.fences  # replaced, never changed in place, by the tick thread
+        if not fences:
+            return
+        if self._reload_all.is_set() or now >= self._next_reload:
+            self._reload_all.clear()
+            if self._guard(partial(self._read, fences, now, True)):
+                self._next_reload = now + cfg.reload_every_ms
+            else:
+                self._reload_all.set()
+            return
+        if now < self._next_change_poll:
+            return
+        self._next_change_poll = now + cfg.change_poll_ms
+        versions = self._guard(self.store.change_versions)
+        if versions is None:
+            return
+        changed = {p: f for p, f in fences.items() if versions.get(p) != self._versions.get(p)}
+        if not changed or self._guard(partial(self._read, changed, now, False)):
+            self._versions = versions
+
+    def _read(self, fences: dict[int, int], now: int, idle: bool) -> bool:
+        generation = self._generation
         horizon = now + self.config.horizon_ms
         rows = self.store.due_runs(fences, horizon, now)
-        fresh = {row[0] for row in rows}
-        # Runs that left the store (cancelled, rescheduled) leave the wheel.
-        for run_id in [r for r, row in self._pending.items() if row[4] in fences and r not in fresh]:
-            self._wheel.cancel(run_id)
-            del self._pending[run_id]
-        self._add([row for row in rows if row[0] not in self._sent], horizon)
-        if idle:
-            cutoff = now - 2 * self.config.horizon_ms
-            self._sent = {r: d for r, d in self._sent.items() if d >= cutoff}
+        self._loaded.put(_Loaded(fences, rows, horizon, generation, idle))
         return True
 
-    def _mark_quiet(self, now: int) -> bool:
+    def _take_loaded(self) -> None:
+        while True:
+            try:
+                loaded = self._loaded.get_nowait()
+            except queue.Empty:
+                return
+            self._apply(loaded)
+
+    def _apply(self, loaded: _Loaded) -> None:
+        # Partitions lost (or led again under a new fence) since the read
+        # are not this load's to touch.
+        fences = {p: f for p, f in loaded.fences.items() if self.fences.get(p) == f}
+        rows = [row for row in loaded.rows if row[4] in fences]
+        fresh = {row[0] for row in rows}
+        # Runs that left the store (cancelled, rescheduled) leave the wheel;
+        # runs planned after the read began are not in it and stay.
+        gone = [
+            r
+            for r, row in self._pending.items()
+            if row[4] in fences and r not in fresh and self._born.get(r, -1) <= loaded.generation
+        ]
+        for run_id in gone:
+            self._wheel.cancel(run_id)
+            del self._pending[run_id]
+        self._add([row for row in rows if row[0] not in self._sent], loaded.horizon)
+        if loaded.idle:
+            cutoff = self.clock.now_ms() - 2 * self.config.horizon_ms
+            self._sent = {r: d for r, d in self._sent.items() if d >= cutoff}
+            self._born = {r: g for r, g in self._born.items() if r in self._pending}
+
+    def _mark_quiet(self, now: int, inline: bool) -> bool:
         """Tell the store nothing of our partitions is left unsent up to now,
-        so the watermarks of quiet partitions keep up too."""
+        so the watermarks of quiet partitions keep up too. Queued behind the
+        batches being recorded, unless ``inline``."""
         with self._unfinished_lock:
             busy = self._unfinished > 0
         if busy or self._retry or not self.fences:
             return False
+        if not inline:
+            self._queue_finish([], dict(self.fences), now)
+            return True
         return self._guard(partial(self.store.finish_dispatch, [], dict(self.fences), now, next_run)) is not None
 
     def _add(self, rows: list[DueRow], horizon: int) -> None:
@@ -282,18 +353,23 @@ class PartitionLeader:
             )
             return
         self._failures = 0
-        for row in sent:
-            self._sent[row[0]] = row[3]
+        self._sent.update((row[0], row[3]) for row in sent)
+        if self.config.threads:
+            self._queue_finish(sent, fences, now)
+        else:
+            self._tell(sent, fences, now)
+            self._finished.put(self._finish(sent, fences, now, threading.Event()))
+            self._take_finished()
+
+    def _queue_finish(self, sent: list[DispatchRow], fences: dict[int, int], now: int) -> None:
+        with self._unfinished_lock:
+            self._unfinished += 1
+        self._to_finish.put((sent, fences, now))
+
+    def _tell(self, sent: list[DispatchRow], fences: dict[int, int], now: int) -> None:
         if self.on_dispatch is not None:
             for row in sent:
                 self.on_dispatch(_event(row, now, fences[row[4]]))
-        if self.config.threads:
-            with self._unfinished_lock:
-                self._unfinished += 1
-            self._to_finish.put((sent, fences, now))
-        else:
-            self._finished.put(self._finish(sent, fences, now, threading.Event()))
-            self._take_finished()
 
     # -- recording ------------------------------------------------------------
 
@@ -306,6 +382,9 @@ class PartitionLeader:
                     return
                 continue
             try:
+                # Observers hear of a batch here, not on the tick thread: a
+                # log line per run of a 25,000-run burst would delay the next.
+                self._tell(sent, fences, now)
                 self._finished.put(self._finish(sent, fences, now, stop))
             finally:
                 with self._unfinished_lock:
@@ -338,7 +417,21 @@ class PartitionLeader:
                 planned = self._finished.get_nowait()
             except queue.Empty:
                 return
-            self._add([row for row in planned if row[1] < horizon], horizon)
+            self._generation += 1
+            near = [row for row in planned if row[1] < horizon]
+            self._born.update(dict.fromkeys([row[0] for row in near], self._generation))
+            self._add(near, horizon)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """What the loader read, for the tick thread to put in the wheel."""
+
+    fences: dict[int, int]
+    rows: list[DueRow]
+    horizon: int
+    generation: int  # hand-overs of planned runs taken before the read began
+    idle: bool  # a full reload: also the time to prune what the leader keeps
 
 
 def _encode(rows: list[DispatchRow], fences: dict[int, int], now: int) -> Iterable[tuple[int, bytes]]:

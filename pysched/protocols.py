@@ -33,6 +33,19 @@ class PlannedRun:
     due_ms: int  # run_at plus the job's deterministic jitter: when it fires
 
 
+# A leader reloads its whole horizon at least this often, so a new run due
+# later than NEAR_MS from now reaches its wheel in time without a change
+# notice: registering it need not wake every leader (a bulk registration of
+# 50,000 runs would otherwise make each leader re-read its partitions after
+# every chunk). Leaders check their reload period against it.
+NEAR_MS = 40_000
+
+
+def is_near(run: PlannedRun | None, now_ms: int) -> bool:
+    """Whether registering ``run`` must tell its leader at once."""
+    return run is not None and run.due_ms <= now_ms + NEAR_MS
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
@@ -107,7 +120,8 @@ class ScheduleStore(Protocol):
 
     def change_versions(self) -> dict[int, int]:
         """Per partition, a number that changes whenever a job of it is
-        added, cancelled or rescheduled: leaders poll it to reload early."""
+        cancelled or rescheduled, or added with a run due soon (``is_near``):
+        leaders poll it to reload early."""
         ...
 
     def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:

@@ -53,7 +53,7 @@ def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str
     )
     # Python targets named module:function resolve against the working directory.
     sys.path.insert(0, str(Path.cwd()))
-    node = Node(backends, worker_config=WorkerConfig(concurrency=workers), on_dispatch=_log_fire)
+    node = Node(backends, worker_config=WorkerConfig(concurrency=workers), on_dispatch=None if quiet else _log_fire)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:

@@ -46,6 +46,7 @@ from pysched.protocols import (
     PlanNext,
     Registration,
     RunRecord,
+    is_near,
 )
 from pysched.records import DispatchRecord
 
@@ -248,7 +249,8 @@ class CassandraScheduleStore:
             (state, first.run_at_ms if first else None, first.due_ms if first else None, now_ms, job.id),
         )
         self.session.execute(batch)
-        self.session.execute(self._bump, (partition,))
+        if is_near(first, now_ms):
+            self.session.execute(self._bump, (partition,))
         return JobRecord(job, state, partition, jitter_ms, now_ms, first)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
@@ -287,7 +289,8 @@ class CassandraScheduleStore:
                 ),
             )
             batches.append((batch, None))
-            partitions.add(partition)
+            if is_near(first, now_ms):
+                partitions.add(partition)
         for ok, result in execute_concurrent(self.session, batches, concurrency=128):
             if not ok:
                 raise result

@@ -19,6 +19,7 @@ from pysched.protocols import (
     PlanNext,
     Registration,
     RunRecord,
+    is_near,
 )
 from pysched.records import DispatchRecord
 from pysched.stores.sqlite_db import SQLiteDatabase
@@ -78,7 +79,8 @@ class SQLiteScheduleStore:
                     continue
                 if first is not None:
                     self._insert_run(conn, job.id, partition, first)
-                partitions.add(partition)
+                if is_near(first, now_ms):
+                    partitions.add(partition)
             for partition in partitions:
                 self._bump(conn, partition)
         return existing
