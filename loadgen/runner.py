@@ -61,17 +61,17 @@ class TappedDispatcher(InProcessDispatcher):
 
     def __init__(self) -> None:
         super().__init__()
-        self.handed: list[tuple[int, Sequence[tuple[int, bytes]]]] = []
+        self.handed: list[tuple[int, Sequence[bytes]]] = []
 
-    def publish(self, batch: Sequence[tuple[int, bytes]]) -> None:
-        super().publish(batch)
-        self.handed.append((now_ms(), batch))
+    def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
+        super().publish(partitions, payloads)
+        self.handed.append((now_ms(), payloads))
 
     def observe(self, observed: Observed) -> None:
         # Decoded after the fact: nothing but a timestamp on the hot path.
         handed, self.handed = self.handed, []
         for at, batch in handed:
-            for _, payload in batch:
+            for payload in batch:
                 observed.saw_dispatch(native.decode(payload).idempotency_key, at)
 
 

@@ -99,11 +99,13 @@ class PartitionLeader:
         self._owned: dict[int, int] = {}  # what the coordinator last granted
         self._owned_lock = threading.Lock()
         self._wheel = native.TimingWheel(clock.now_ms())
-        self._pending: dict[int, DueRow] = {}  # run_id -> row, for the runs in the wheel
+        # run_id -> the row to send, for the runs in the wheel: kept in the
+        # shape the codec takes, so a burst converts nothing when it fires.
+        self._pending: dict[int, DispatchRow] = {}
         # Runs handed on and still inside the reload overlap: a reload that
         # finds them again (the store's watermark trails) must not resend.
         self._sent: dict[int, int] = {}  # run_id -> due_ms
-        self._retry: list[DueRow] = []
+        self._retry: list[DispatchRow] = []
         self._failures = 0
         self._retry_at = 0
         self._standby_logged = False
@@ -321,8 +323,7 @@ class PartitionLeader:
         return self._guard(partial(self.store.finish_dispatch, [], dict(self.fences), now, next_run)) is not None
 
     def _add(self, rows: list[DueRow], horizon: int) -> None:
-        for row in rows:
-            self._pending[row[0]] = row
+        self._pending.update((row[0], dispatch_row(row)) for row in rows)
         handles, due = native.load_page(rows, horizon)
         expired = self._wheel.insert_batch(handles, due)
         for run_id in expired.tolist():
@@ -339,9 +340,8 @@ class PartitionLeader:
         if not rows:
             return
         now = self.clock.now_ms()
-        sent = [dispatch_row(row) for row in rows]
         try:
-            self.dispatcher.publish(list(_encode(sent, fences, now)))
+            self.dispatcher.publish(*_encode(rows, fences, now))
         except Exception as exc:
             # Nothing moved past these runs: keep them and try again shortly.
             delay = self.config.retry_backoff_ms[min(self._failures, len(self.config.retry_backoff_ms) - 1)]
@@ -353,12 +353,12 @@ class PartitionLeader:
             )
             return
         self._failures = 0
-        self._sent.update((row[0], row[3]) for row in sent)
+        self._sent.update((row[0], row[3]) for row in rows)
         if self.config.threads:
-            self._queue_finish(sent, fences, now)
+            self._queue_finish(rows, fences, now)
         else:
-            self._tell(sent, fences, now)
-            self._finished.put(self._finish(sent, fences, now, threading.Event()))
+            self._tell(rows, fences, now)
+            self._finished.put(self._finish(rows, fences, now, threading.Event()))
             self._take_finished()
 
     def _queue_finish(self, sent: list[DispatchRow], fences: dict[int, int], now: int) -> None:
@@ -434,20 +434,20 @@ class _Loaded:
     idle: bool  # a full reload: also the time to prune what the leader keeps
 
 
-def _encode(rows: list[DispatchRow], fences: dict[int, int], now: int) -> Iterable[tuple[int, bytes]]:
+def _encode(rows: list[DispatchRow], fences: dict[int, int], now: int) -> tuple[list[int], list[bytes]]:
     distinct = set(fences.values())
     if len(distinct) == 1:
         # One fence for every partition (the embedded leader): one batch.
-        return zip([r[4] for r in rows], native.encode_batch(rows, distinct.pop(), now), strict=True)
-    return _encode_by_fence(rows, fences, now)
-
-
-def _encode_by_fence(rows: list[DispatchRow], fences: dict[int, int], now: int) -> Iterable[tuple[int, bytes]]:
+        return [r[4] for r in rows], native.encode_batch(rows, distinct.pop(), now)
     by_fence: dict[int, list[DispatchRow]] = {}
     for row in rows:
         by_fence.setdefault(fences[row[4]], []).append(row)
+    partitions: list[int] = []
+    payloads: list[bytes] = []
     for fence, group in by_fence.items():
-        yield from zip((r[4] for r in group), native.encode_batch(group, fence, now), strict=True)
+        partitions.extend(r[4] for r in group)
+        payloads.extend(native.encode_batch(group, fence, now))
+    return partitions, payloads
 
 
 def _event(row: DispatchRow, now: int, fence: int) -> RunDispatched:

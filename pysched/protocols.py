@@ -213,9 +213,10 @@ class DispatchConsumer(Protocol):
 class Dispatcher(Protocol):
     """Carries encoded dispatch records from leaders to workers."""
 
-    def publish(self, batch: Sequence[tuple[int, bytes]]) -> None:
-        """Hand on (partition, payload) pairs; returns once they are durably
-        handed on, raises if any was not."""
+    def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
+        """Hand on each payload, to its schedule partition's lane; returns
+        once they are durably handed on, raises if any was not. Two parallel
+        sequences, not pairs: a burst of 50,000 builds no tuple per run."""
         ...
 
     def consumer(self) -> DispatchConsumer: ...

@@ -4,8 +4,8 @@ Durability comes from the store, not from here: a run is recorded as handed
 on only after it was queued; if the process dies first, the store still has
 it and the next leader sends it again.
 
-The queue is a deque that a whole batch extends at once, so handing on a
-burst of 50,000 runs costs one C-level call, not 50,000 queue operations.
+The queue holds whole batches, so handing on a burst of 50,000 runs is one
+append, not 50,000 queue operations.
 """
 
 from __future__ import annotations
@@ -34,28 +34,35 @@ class InProcessConsumer:
 
 class InProcessDispatcher:
     def __init__(self) -> None:
-        self._items: deque[tuple[bytes, int]] = deque()
+        # Whole batches with the time they were queued; the consumers walk
+        # the oldest one with a cursor.
+        self._batches: deque[tuple[Sequence[bytes], int]] = deque()
+        self._cursor = 0
         self._ready = threading.Condition()
         self._closed = False
 
-    def publish(self, batch: Sequence[tuple[int, bytes]]) -> None:
+    def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
         if self._closed:
             raise RuntimeError("dispatcher is closed")
+        if not payloads:
+            return
         now = time.time_ns() // 1_000_000
-        self._items.extend([(payload, now) for _, payload in batch])
         with self._ready:
+            self._batches.append((payloads, now))
             self._ready.notify_all()
 
     def take(self, timeout_s: float) -> Delivery | None:
-        try:
-            payload, at = self._items.popleft()
-        except IndexError:
-            with self._ready:
-                self._ready.wait(timeout_s)
-            try:
-                payload, at = self._items.popleft()
-            except IndexError:
+        with self._ready:
+            if not self._batches and not self._ready.wait(timeout_s):
                 return None
+            if not self._batches:
+                return None
+            payloads, at = self._batches[0]
+            payload = payloads[self._cursor]
+            self._cursor += 1
+            if self._cursor == len(payloads):
+                self._batches.popleft()
+                self._cursor = 0
         return Delivery(payload, at)
 
     def consumer(self) -> InProcessConsumer:
@@ -67,4 +74,5 @@ class InProcessDispatcher:
             self._ready.notify_all()
 
     def qsize(self) -> int:
-        return len(self._items)
+        with self._ready:
+            return sum(len(p) for p, _ in self._batches) - self._cursor

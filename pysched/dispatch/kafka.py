@@ -66,7 +66,10 @@ def ensure_topic(config: ClusterConfig, timeout_s: float = 30, connect_timeout_s
 
 def producer_settings(config: ClusterConfig) -> dict[str, Any]:
     """Every record acknowledged by all in-sync replicas, never duplicated by
-    a producer retry; batches fill for at most 1 ms."""
+    a producer retry; batches fill for at most 1 ms. Only failed deliveries
+    are reported: a flush that leaves nothing queued and reports nothing
+    means every record was acknowledged, and a burst of 50,000 makes no
+    Python call per record on the way back."""
     return {
         "bootstrap.servers": config.kafka,
         "acks": "all",
@@ -74,6 +77,7 @@ def producer_settings(config: ClusterConfig) -> dict[str, Any]:
         "linger.ms": 1,
         "batch.num.messages": 10_000,
         "queue.buffering.max.messages": 1_000_000,
+        "delivery.report.only.error": True,
         "log_level": 3,
     }
 
@@ -136,16 +140,15 @@ class KafkaDispatcher:
         if err is not None:
             self._failed.append(str(err))
 
-    def publish(self, batch: Sequence[tuple[int, bytes]]) -> None:
+    def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
         producer = self._get_producer()
         self._failed = []
         parts = self.config.kafka_partitions
-        for partition, payload in batch:
+        produce, topic, report = producer.produce, self.config.topic, self._on_delivery
+        for partition, payload in zip(partitions, payloads, strict=True):
             while True:
                 try:
-                    producer.produce(
-                        self.config.topic, payload, partition=partition % parts, on_delivery=self._on_delivery
-                    )
+                    produce(topic, payload, partition=partition % parts, on_delivery=report)
                     break
                 except BufferError:
                     producer.poll(0.05)
