@@ -105,6 +105,11 @@ def limit_cmd(args: argparse.Namespace) -> int:
 
     figures = limit(args.config, args.n, args.start_nodes, args.start_workers)
     _emit(figures, args.json)
+    bare = figures["bare_producer"]
+    if bare["acknowledged"] != bare["n"]:
+        # A baseline that lost records is no baseline: the ratio means nothing.
+        print(f"bench: the bare producer's records read back: {bare['acknowledged']} of {bare['n']}", file=sys.stderr)
+        return 1
     return _correct(figures["pysched_cluster"])
 
 

@@ -88,6 +88,7 @@ def burst(n: int, repeat: int, config: str | None, nodes: int, workers: int) -> 
         "repeat": repeat,
         "missed": sum(r["missed"] for r in runs),
         "duplicates": sum(r["duplicates"] for r in runs),
+        "executed": sum(r["executed"] for r in runs),
         **{k: statistics.median(r[k] for r in runs) for k in keys},
         "register_s": statistics.median(r["register_s"] for r in runs),
         "runs": runs,

@@ -7,12 +7,14 @@ as a ratio to it."""
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from loadgen.measure import percentiles
 from pysched import native
+from pysched.config import ClusterConfig
 from pysched.config import load as load_config
 from pysched.dispatch.kafka import ensure_topic, producer_settings
 
@@ -20,28 +22,60 @@ from pysched.dispatch.kafka import ensure_topic, producer_settings
 def bare_producer(config_path: str, n: int) -> dict[str, Any]:
     config = load_config(config_path)
     ensure_topic(config)
-    rows = [(k, f"bench-limit-{k:07d}", 0, 0, k % config.partitions, 1, 0) for k in range(n)]
+    prefix = f"bench-limit-{uuid.uuid4().hex[:6]}-"
+    rows = [(k, f"{prefix}{k:07d}", 0, 0, k % config.partitions, 1, 0) for k in range(n)]
     payloads = native.encode_batch(rows, 0, 0)  # fence 0: every worker rejects them
     # The same settings as pysched's own producer: the comparison is of
     # everything around the producer, not of its configuration.
     producer = Producer(producer_settings(config))
-    producer.list_topics(config.topic, timeout=10)  # warm, as pysched's node is
-    appended: list[int] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is None:
-            appended.append(msg.timestamp()[1])
-
+    # Warm, as pysched's node is by the time a burst falls due: connected, its
+    # producer id taken, a record already sent to every partition.
+    producer.list_topics(config.topic, timeout=10)
+    warm = native.encode_batch([(0, f"warm-{prefix}", 0, 0, 0, 1, 0)], 0, 0)[0]
+    for partition in range(config.kafka_partitions):
+        producer.produce(config.topic, warm, partition=partition)
+    producer.flush(30)
+    failed: list[str] = []
     start = time.time_ns() // 1_000_000
     for k, payload in enumerate(payloads):
         while True:
             try:
-                producer.produce(config.topic, payload, partition=k % config.kafka_partitions, on_delivery=on_delivery)
+                producer.produce(
+                    config.topic,
+                    payload,
+                    partition=k % config.kafka_partitions,
+                    on_delivery=lambda err, _msg: failed.append(str(err)),
+                )
                 break
             except BufferError:
                 producer.poll(0.01)
-    producer.flush(60)
+    remaining = producer.flush(60)
+    # Read back, as loadgen reads pysched's records: the broker's append time.
+    appended = _appended_at(config, prefix, n - remaining - len(failed))
     return {"n": n, "acknowledged": len(appended), **percentiles([a - start for a in appended])}
+
+
+def _appended_at(config: ClusterConfig, prefix: str, expected: int, timeout_s: float = 60) -> list[int]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.kafka,
+            "group.id": f"bench-limit-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "log_level": 3,
+        }
+    )
+    consumer.subscribe([config.topic])
+    appended: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(appended) < expected and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, timeout=0.5):
+                if msg.error() is None and native.decode(msg.value() or b"").job_id.startswith(prefix):
+                    appended.append(msg.timestamp()[1])
+    finally:
+        consumer.close()
+    return appended
 
 
 def limit(config_path: str, n: int, nodes: int, workers: int) -> dict[str, Any]:
