@@ -15,7 +15,7 @@ from typing import Any
 
 from loadgen.measure import report
 from loadgen.runner import now_ms, registration_lead_s, run_cluster, run_embedded
-from loadgen.shapes import spike_jobs
+from loadgen.shapes import Load, spike_jobs
 from pysched.config import load as load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,8 +25,8 @@ def spike(n: int, config: str | None, lead_s: float, quiet: bool = True) -> dict
     """One instant spike of n runs, lead_s seconds after registration starts."""
     instant = now_ms() + round(lead_s * 1000)
 
-    def make(ledger: Path, prefix: str) -> list[Any]:
-        return list(spike_jobs(n, instant, "instant", 0, ledger, prefix))
+    def make(ledger: Path, prefix: str) -> Load:
+        return Load.one_shots(spike_jobs(n, instant, "instant", 0, ledger, prefix))
 
     if config is None:
         observed, ledger, register_s = run_embedded(make, 4, 120, 5, quiet)

@@ -21,8 +21,8 @@ from typing import Annotated, Any
 import typer
 
 from loadgen.measure import plot, report
-from loadgen.runner import RegisteredLate, now_ms, registration_lead_s, run_cluster, run_embedded
-from loadgen.shapes import SHAPES, spike_jobs, sustain_jobs
+from loadgen.runner import MakeLoad, RegisteredLate, now_ms, registration_lead_s, run_cluster, run_embedded
+from loadgen.shapes import MINUTE_MS, SHAPES, SUSTAIN_SHAPES, Load, spike_jobs, sustain_jobs, sustain_recurring
 from pysched.config import ConfigError
 from pysched.config import load as load_config
 
@@ -63,7 +63,7 @@ def _instant(at: str | None, in_s: float | None, minimum_s: float) -> int:
 
 
 def _run(
-    make: Any,
+    make: MakeLoad,
     embedded: bool,
     config: str | None,
     workers: int,
@@ -124,8 +124,8 @@ def spike(
         _fail(f"--shape: {shape!r} is not one of {', '.join(SHAPES)}")
     instant = _instant(at, in_s, registration_lead_s(n, embedded))
 
-    def make(ledger: Path, prefix: str) -> list[Any]:
-        return list(spike_jobs(n, instant, shape, window, ledger, prefix))
+    def make(ledger: Path, prefix: str) -> Load:
+        return Load.one_shots(spike_jobs(n, instant, shape, window, ledger, prefix))
 
     _run(
         make,
@@ -147,6 +147,9 @@ def sustain(
     rate: Annotated[float, typer.Option("--rate", min=0.1, help="Runs a second.")] = 1_200.0,
     duration: Annotated[float, typer.Option("--duration", min=1, help="Seconds.")] = 60.0,
     in_s: Annotated[float | None, typer.Option("--in", help="Start this many seconds from now.")] = None,
+    shape: Annotated[
+        str, typer.Option("--shape", help="once: a one-shot job per run; recurring: rate x 60 every-minute jobs.")
+    ] = "once",
     embedded: EmbeddedOpt = False,
     config: ConfigOpt = None,
     workers: WorkersOpt = 4,
@@ -157,11 +160,22 @@ def sustain(
     quiet: QuietOpt = False,
 ) -> None:
     """R runs a second for T seconds, end to end through execution."""
-    n = int(rate * duration)
+    if shape not in SUSTAIN_SHAPES:
+        _fail(f"--shape: {shape!r} is not one of {', '.join(SUSTAIN_SHAPES)}")
+    recurring = shape == "recurring"
+    # Recurring: rate x 60 jobs to register; the window is whole minutes
+    # from a minute boundary.
+    n = round(rate * 60) if recurring else int(rate * duration)
     start = now_ms() + round((in_s if in_s is not None else registration_lead_s(n, embedded)) * 1000)
+    minutes = max(1, -(-round(duration) // 60))
+    if recurring:
+        start = -(-start // MINUTE_MS) * MINUTE_MS
+        duration = minutes * 60
 
-    def make(ledger: Path, prefix: str) -> list[Any]:
-        return list(sustain_jobs(rate, duration, start, ledger, prefix))
+    def make(ledger: Path, prefix: str) -> Load:
+        if recurring:
+            return sustain_recurring(rate, minutes, start, ledger, prefix)
+        return Load.one_shots(sustain_jobs(rate, duration, start, ledger, prefix))
 
     _run(
         make,
@@ -171,7 +185,7 @@ def sustain(
         timeout,
         exec_timeout,
         quiet,
-        {"rate": rate, "duration_s": duration},
+        {"rate": rate, "duration_s": duration, "shape": shape},
         json_path,
         plot_path,
         f"sustained {rate:g}/s for {duration:g} s",

@@ -9,21 +9,24 @@ running nodes and workers do the rest.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadgen.measure import Observed, read_ledger
+from loadgen.shapes import Load
 from pysched import native
 from pysched.config import ClusterConfig
 from pysched.dispatch.inprocess import InProcessDispatcher
-from pysched.model import Job
 from pysched.node import Node, open_cluster_store, open_embedded
+from pysched.protocols import JobNotActive, JobNotFound, ScheduleStore
 from pysched.registry import register_many
 from pysched.worker import WorkerConfig
 
@@ -47,8 +50,8 @@ class RegisteredLate(RuntimeError):
     time registration, not firing."""
 
 
-def _check_in_time(jobs: list[tuple[Job, int]]) -> None:
-    first_due = min(due for _, due in jobs)
+def _check_in_time(load: Load) -> None:
+    first_due = min(load.expected.values())
     late_s = (now_ms() - first_due) / 1000
     if late_s > -0.5:
         raise RegisteredLate(
@@ -123,43 +126,57 @@ def _wait(
     poll()
 
 
-def _prepare(
-    make_jobs: Callable[[Path, str], list[tuple[Job, int]]],
-) -> tuple[Path, Path, list[tuple[Job, int]], Observed]:
+MakeLoad = Callable[[Path, str], Load]
+
+
+def _prepare(make_load: MakeLoad) -> tuple[Path, Path, Load, Observed]:
     """A scratch folder, its ledger, the jobs, and what to expect of them."""
     tmp = Path(tempfile.mkdtemp(prefix="pysched-loadgen-"))
     ledger = tmp / "ledger.txt"
-    jobs = make_jobs(ledger, f"lg{uuid.uuid4().hex[:6]}-")
-    observed = Observed({f"{job.id}:{job.schedule.run_at_ms}:0": due for job, due in jobs})  # type: ignore[union-attr]
-    return tmp, ledger, jobs, observed
+    load = make_load(ledger, f"lg{uuid.uuid4().hex[:6]}-")
+    return tmp, ledger, load, Observed(dict(load.expected))
+
+
+def _cancel_all(progress: Progress, store: ScheduleStore, load: Load) -> None:
+    """Recurring jobs would go on firing after the run: cancel every one."""
+    task = progress.add_task("cancelling", total=len(load.jobs))
+
+    def cancel(job_id: str) -> None:
+        with contextlib.suppress(JobNotFound, JobNotActive):  # gone already: nothing to stop
+            store.cancel_job(job_id, now_ms())
+        progress.advance(task)
+
+    with ThreadPoolExecutor(32, thread_name_prefix="loadgen-cancel") as pool:
+        list(pool.map(cancel, [job.id for job in load.jobs]))
 
 
 def run_embedded(
-    make_jobs: Callable[[Path, str], list[tuple[Job, int]]],
+    make_load: MakeLoad,
     workers: int,
     timeout_s: float,
     exec_timeout_s: float,
     quiet: bool = False,
 ) -> tuple[Observed, Path, float]:
-    tmp, ledger, jobs, observed = _prepare(make_jobs)
+    # A fresh database in a scratch folder: recurring jobs die with it.
+    tmp, ledger, load, observed = _prepare(make_load)
     backends = open_embedded(tmp / "loadgen.db")
     tap = TappedDispatcher()
     backends.dispatcher = tap
     with _progress() if not quiet else Progress(disable=True) as progress:
-        task = progress.add_task("registering", total=len(jobs))
+        task = progress.add_task("registering", total=len(load.jobs))
         t = time.monotonic()
-        for start in range(0, len(jobs), 5_000):
-            chunk = [j for j, _ in jobs[start : start + 5_000]]
+        for start in range(0, len(load.jobs), 5_000):
+            chunk = load.jobs[start : start + 5_000]
             register_many(backends.store, chunk, now_ms())
             progress.update(task, completed=start + len(chunk))
         register_s = time.monotonic() - t
-        _check_in_time(jobs)
+        _check_in_time(load)
         node = Node(backends, worker_config=WorkerConfig(concurrency=workers))
         stop = threading.Event()
         thread = threading.Thread(target=node.run, args=(stop,), name="loadgen-node", daemon=True)
         thread.start()
         try:
-            last_due = max(due for _, due in jobs)
+            last_due = max(load.expected.values())
             _wait(progress, observed, ledger, last_due, timeout_s, lambda: tap.observe(observed), exec_timeout_s)
         finally:
             stop.set()
@@ -171,14 +188,14 @@ def run_embedded(
 
 def run_cluster(
     config: ClusterConfig,
-    make_jobs: Callable[[Path, str], list[tuple[Job, int]]],
+    make_load: MakeLoad,
     timeout_s: float,
     exec_timeout_s: float,
     quiet: bool = False,
 ) -> tuple[Observed, Path, float]:
     from confluent_kafka import Consumer
 
-    _, ledger, jobs, observed = _prepare(make_jobs)
+    _, ledger, load, observed = _prepare(make_load)
     consumer = Consumer(
         {
             "bootstrap.servers": config.kafka,
@@ -202,17 +219,21 @@ def run_cluster(
     store, close = open_cluster_store(config)
     try:
         with _progress() if not quiet else Progress(disable=True) as progress:
-            task = progress.add_task("registering", total=len(jobs))
+            task = progress.add_task("registering", total=len(load.jobs))
             t = time.monotonic()
-            for start in range(0, len(jobs), 2_000):
-                chunk = [j for j, _ in jobs[start : start + 2_000]]
-                register_many(store, chunk, now_ms(), config.partitions)
-                progress.update(task, completed=start + len(chunk))
-                poll()
-            register_s = time.monotonic() - t
-            _check_in_time(jobs)
-            last_due = max(due for _, due in jobs)
-            _wait(progress, observed, ledger, last_due, timeout_s, poll, exec_timeout_s)
+            try:
+                for start in range(0, len(load.jobs), 2_000):
+                    chunk = load.jobs[start : start + 2_000]
+                    register_many(store, chunk, now_ms(), config.partitions)
+                    progress.update(task, completed=start + len(chunk))
+                    poll()
+                register_s = time.monotonic() - t
+                _check_in_time(load)
+                last_due = max(load.expected.values())
+                _wait(progress, observed, ledger, last_due, timeout_s, poll, exec_timeout_s)
+            finally:
+                if load.recurring:
+                    _cancel_all(progress, store, load)
     finally:
         consumer.close()
         close()

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from loadgen.measure import Observed, percentiles, report
-from loadgen.shapes import spike_jobs, sustain_jobs
+from loadgen.shapes import Load, spike_jobs, sustain_jobs, sustain_recurring
 from pysched import native
+from pysched.planning import first_run, jitter_for, next_run
 
 LOADGEN = [sys.executable, "-m", "loadgen"]
 T = 1_800_000_000_000
@@ -28,6 +29,31 @@ def test_shapes(tmp_path: Path) -> None:
     assert sum(1 for _, due in realistic if due == T) >= 80
     steady = [due for _, due in sustain_jobs(100, 2, T, ledger, "d")]
     assert len(steady) == 200 and steady[0] == T and steady[-1] == T + 1_990
+
+
+def test_one_shot_loads_expect_each_run_once(tmp_path: Path) -> None:
+    load = Load.one_shots(spike_jobs(5, T, "instant", 0, tmp_path / "l", "a"))
+    assert load.expected == {f"a{k:07d}:{T}:0": T for k in range(5)} and not load.recurring
+
+
+def test_recurring_sustain_expects_what_pysched_plans(tmp_path: Path) -> None:
+    start = (T // 60_000 + 1) * 60_000
+    load = sustain_recurring(2, 3, start, tmp_path / "l", "r")
+    assert len(load.jobs) == 120 and len(load.expected) == 360 and load.recurring
+    dues = sorted(load.expected.values())
+    # 120 runs a minute spread over the minute: about 2 a second.
+    assert dues[0] >= start and dues[-1] < start + 3 * 60_000 + 60_000
+    assert len({d // 1000 for d in dues if d < start + 60_000}) > 40
+    for job in load.jobs:
+        jitter = jitter_for(job, start - 5_000)
+        planned = first_run(job, jitter, start - 5_000)
+        assert planned is not None
+        for _ in range(3):
+            assert load.expected[f"{job.id}:{planned.run_at_ms}:0"] == planned.due_ms
+            planned = next_run(job, jitter, planned.run_at_ms, planned.due_ms)
+            assert planned is not None
+    with pytest.raises(ValueError, match="minute boundary"):
+        sustain_recurring(1, 1, start + 1, tmp_path / "l", "x")
 
 
 def test_figures_count_from_the_ledger(tmp_path: Path) -> None:
@@ -69,10 +95,27 @@ def test_a_small_embedded_spike_fires_and_runs_everything_once(tmp_path: Path) -
     assert png.stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_a_small_recurring_sustain_fires_every_minute_and_cancels_its_jobs(tmp_path: Path) -> None:
+    out = tmp_path / "sustain.json"
+    args = ["sustain", "--shape", "recurring", "--rate", "1", "--duration", "60", "--in", "1", "--embedded"]
+    proc = subprocess.run(
+        [*LOADGEN, *args, "--quiet", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    assert (figures["n"], figures["fired"], figures["missed"], figures["duplicates"]) == (60, 60, 0, 0)
+    assert figures["executed"] == 60 and figures["shape"] == "recurring"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["spike", "--embedded", "--shape", "square"], "--shape"),
+        (["sustain", "--embedded", "--shape", "square"], "--shape"),
         (["spike", "--embedded", "--config", "x.toml", "--in", "1"], "exactly one of --embedded, --config"),
         (["spike", "--embedded", "--at", "soon"], "--at: not an ISO 8601 time"),
         (["spike", "--config", "/nonexistent.toml", "--in", "1"], "--config"),
