@@ -102,9 +102,11 @@ class PartitionLeader:
         # run_id -> the row to send, for the runs in the wheel: kept in the
         # shape the codec takes, so a burst converts nothing when it fires.
         self._pending: dict[int, DispatchRow] = {}
-        # Runs handed on and still inside the reload overlap: a reload that
-        # finds them again (the store's watermark trails) must not resend.
-        self._sent: dict[int, int] = {}  # run_id -> due_ms
+        # Runs handed on that the store may still return: a reload that finds
+        # one again at the same attempt (its watermark trails, its record is
+        # still being written) must not resend it; at a later attempt (its
+        # worker's lease died, a new fence) it is a new delivery.
+        self._sent: dict[int, tuple[int, int]] = {}  # run_id -> (attempt, partition)
         self._retry: list[DispatchRow] = []
         self._failures = 0
         self._retry_at = 0
@@ -303,10 +305,13 @@ class PartitionLeader:
         for run_id in gone:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
-        self._add([row for row in rows if row[0] not in self._sent], loaded.horizon)
+        self._add([row for row in rows if self._sent.get(row[0], _UNSENT)[0] != row[6]], loaded.horizon)
         if loaded.idle:
-            cutoff = self.clock.now_ms() - 2 * self.config.horizon_ms
-            self._sent = {r: d for r, d in self._sent.items() if d >= cutoff}
+            # Forget a sent run only once the store no longer returns it, not
+            # after a while: a watermark held back by a slow store would
+            # otherwise bring back, and resend, everything sent since.
+            read = {row[0] for row in loaded.rows}
+            self._sent = {r: s for r, s in self._sent.items() if r in read or s[1] not in loaded.fences}
             self._born = {r: g for r, g in self._born.items() if r in self._pending}
 
     def _mark_quiet(self, now: int, inline: bool) -> bool:
@@ -353,7 +358,7 @@ class PartitionLeader:
             )
             return
         self._failures = 0
-        self._sent.update((row[0], row[3]) for row in rows)
+        self._sent.update((row[0], (row[5], row[4])) for row in rows)
         if self.config.threads:
             self._queue_finish(rows, fences, now)
         else:
@@ -421,6 +426,9 @@ class PartitionLeader:
             near = [row for row in planned if row[1] < horizon]
             self._born.update(dict.fromkeys([row[0] for row in near], self._generation))
             self._add(near, horizon)
+
+
+_UNSENT = (-1, -1)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.model import Job
 from pysched.node import open_embedded
 from pysched.planning import next_run
-from pysched.protocols import ClaimOutcome, dispatch_row
+from pysched.protocols import ClaimOutcome, DueRow, Fences, ScheduleStore, dispatch_row
 from pysched.registry import register
 from pysched.worker import WorkerPool
 
@@ -118,3 +118,43 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     assert pool.handle(payload) is ClaimOutcome.SUCCEEDED
     assert [r.state for r in backends.store.history("o")] == ["succeeded"]
     assert pool.counts == {"fenced": 1, "claimed": 1, "succeeded": 2}
+
+
+class TrailingStore:
+    """A store whose watermark is stuck (its recording fell behind): every
+    run it ever returned comes back on each read, as Cassandra's schedule
+    does until the watermark passes it (test double around the real store)."""
+
+    def __init__(self, store: ScheduleStore) -> None:
+        self._store = store
+        self._returned: dict[int, DueRow] = {}
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+        for row in self._store.due_runs(fences, horizon_ms, now_ms):
+            self._returned.setdefault(row[0], row)
+        return sorted(self._returned.values(), key=lambda r: (r[1], r[0]))
+
+
+def test_a_trailing_watermark_resends_nothing(tmp_path: Path) -> None:
+    backends = open_embedded(tmp_path / "leader.db")
+    register(backends.store, job({"id": "once", "schedule": {"kind": "once", "run_at_ms": T0 + 5_000}}), T0)
+    register(backends.store, job({"id": "m", "schedule": {"kind": "cron", "expr": "* * * * *"}, "critical": True}), T0)
+    stop = threading.Event()
+    events: list[RunDispatched] = []
+    PartitionLeader(
+        TrailingStore(backends.store),  # type: ignore[arg-type]
+        backends.coordinator,
+        backends.dispatcher,
+        StoppingClock(T0, T0 + 6 * 60_000, stop),
+        "n",
+        LeaderConfig(reload_every_ms=1_000, threads=False),
+        events.append,
+    ).run(stop)
+    # Minutes after each run was sent, the store still returns it: it is
+    # never sent again.
+    assert [(e.job_id, e.run_at_ms) for e in events] == [("once", T0 + 5_000)] + [
+        ("m", T0 + k * 60_000) for k in range(1, 6)
+    ]
