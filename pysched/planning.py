@@ -36,11 +36,14 @@ def first_run(job: Job, jitter_ms: int, now_ms: int) -> PlannedRun | None:
 def next_run(job: Job, jitter_ms: int, run_at_ms: int, now_ms: int) -> PlannedRun | None:
     """The run after the one at ``run_at_ms`` was dispatched.
 
-    Counting from the later of that run and now is the ``run_once`` catch-up:
-    after downtime the one overdue run fires, then the schedule resumes from
-    now instead of replaying every missed time.
+    The first schedule time after that run whose due time (with the job's
+    jitter) has not passed: after downtime the one overdue run fires, then the
+    schedule resumes from now instead of replaying every missed time (the
+    ``run_once`` catch-up). Due times, not schedule times, decide: a run
+    jittered to 59.99 s past its minute fires after the next minute began,
+    and the next minute's run is still ahead, not missed.
     """
     if not isinstance(job.schedule, CronSchedule):
         return None
-    nxt = cron.next_after(job.schedule.expr, job.schedule.tz, max(run_at_ms, now_ms))
+    nxt = cron.next_after(job.schedule.expr, job.schedule.tz, max(run_at_ms, now_ms - jitter_ms - 1))
     return None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)

@@ -12,7 +12,7 @@ from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.model import Job
 from pysched.node import open_embedded
 from pysched.planning import next_run
-from pysched.protocols import ClaimOutcome, DueRow, Fences, ScheduleStore, dispatch_row
+from pysched.protocols import ClaimOutcome, DueRow, Fences, PlannedRun, ScheduleStore, dispatch_row
 from pysched.registry import register
 from pysched.worker import WorkerPool
 
@@ -158,3 +158,25 @@ def test_a_trailing_watermark_resends_nothing(tmp_path: Path) -> None:
     assert [(e.job_id, e.run_at_ms) for e in events] == [("once", T0 + 5_000)] + [
         ("m", T0 + k * 60_000) for k in range(1, 6)
     ]
+
+
+def test_a_run_jittered_to_the_end_of_its_minute_misses_no_later_run(tmp_path: Path) -> None:
+    # Its runs are due 59.993 s after each minute: each one fires after the
+    # next minute began, whose run is still 59.993 s ahead and must not be
+    # taken for missed.
+    late = job({"id": "late-3668", "schedule": {"kind": "cron", "expr": "* * * * *"}, "jitter_window_s": 60})
+    assert native.jitter_offset(late.id, 60_000) == 59_993
+    events = run_leader(tmp_path, [late], T0 + 6 * 60_000 + 1_000, LeaderConfig(threads=False))
+    assert [e.run_at_ms for e in events] == [T0 + k * 60_000 for k in range(1, 6)]
+    assert {e.dispatched_at_ms - e.due_ms for e in events} <= set(range(10))
+
+
+def test_the_next_run_counts_from_due_times() -> None:
+    minutely = job({"id": "m", "schedule": {"kind": "cron", "expr": "* * * * *"}})
+    # Sent 12 ms after a due time 59.993 s past its minute: the next minute is next.
+    assert next_run(minutely, 59_993, T0, T0 + 60_005) == PlannedRun(T0 + 60_000, T0 + 119_993)
+    # Ten minutes down: the next run still ahead, none of those missed.
+    assert next_run(minutely, 30_000, T0, T0 + 10 * 60_000 + 45_000) == PlannedRun(
+        T0 + 11 * 60_000, T0 + 11 * 60_000 + 30_000
+    )
+    assert next_run(minutely, 0, T0, T0 + 10 * 60_000 + 5) == PlannedRun(T0 + 11 * 60_000, T0 + 11 * 60_000)
