@@ -10,9 +10,10 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from loadgen.measure import percentiles
+from loadgen.runner import appended, watch_topic
 from pysched import native
 from pysched.config import ClusterConfig
 from pysched.config import load as load_config
@@ -56,26 +57,15 @@ def bare_producer(config_path: str, n: int) -> dict[str, Any]:
 
 
 def _appended_at(config: ClusterConfig, prefix: str, expected: int, timeout_s: float = 60) -> list[int]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": config.kafka,
-            "group.id": f"bench-limit-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "log_level": 3,
-        }
-    )
-    consumer.subscribe([config.topic])
-    appended: list[int] = []
+    consumer = watch_topic(config, from_start=True)
+    times: list[int] = []
     deadline = time.monotonic() + timeout_s
     try:
-        while len(appended) < expected and time.monotonic() < deadline:
-            for msg in consumer.consume(10_000, timeout=0.5):
-                if msg.error() is None and native.decode(msg.value() or b"").job_id.startswith(prefix):
-                    appended.append(msg.timestamp()[1])
+        while len(times) < expected and time.monotonic() < deadline:
+            times.extend(at for record, at in appended(consumer, 0.5) if record.job_id.startswith(prefix))
     finally:
         consumer.close()
-    return appended
+    return times
 
 
 def limit(config_path: str, n: int, nodes: int, workers: int) -> dict[str, Any]:

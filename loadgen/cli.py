@@ -13,6 +13,7 @@ Executions are counted from a ledger the job itself appends to.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -167,9 +168,9 @@ def sustain(
     # from a minute boundary.
     n = round(rate * 60) if recurring else int(rate * duration)
     start = now_ms() + round((in_s if in_s is not None else registration_lead_s(n, embedded)) * 1000)
-    minutes = max(1, -(-round(duration) // 60))
+    minutes = math.ceil(duration / 60)
     if recurring:
-        start = -(-start // MINUTE_MS) * MINUTE_MS
+        start = math.ceil(start / MINUTE_MS) * MINUTE_MS
         duration = minutes * 60
 
     def make(ledger: Path, prefix: str) -> Load:

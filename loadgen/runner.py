@@ -14,9 +14,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -27,8 +28,12 @@ from pysched.config import ClusterConfig
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.node import Node, open_cluster_store, open_embedded
 from pysched.protocols import JobNotActive, JobNotFound, ScheduleStore
+from pysched.records import DispatchRecord
 from pysched.registry import register_many
 from pysched.worker import WorkerConfig
+
+if TYPE_CHECKING:  # the driver is loaded only for a cluster run
+    from confluent_kafka import Consumer
 
 
 def now_ms() -> int:
@@ -129,6 +134,34 @@ def _wait(
 MakeLoad = Callable[[Path, str], Load]
 
 
+def watch_topic(config: ClusterConfig, from_start: bool) -> Consumer:
+    """A consumer of the dispatch topic in a group of its own: it sees every
+    record without taking one from the workers. Returns once assigned."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.kafka,
+            "group.id": f"loadgen-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest" if from_start else "latest",
+            "enable.auto.commit": False,
+            "log_level": 3,
+        }
+    )
+    assigned = threading.Event()
+    consumer.subscribe([config.topic], on_assign=lambda c, parts: assigned.set())
+    while not assigned.is_set():
+        consumer.poll(0.2)
+    return consumer
+
+
+def appended(consumer: Consumer, timeout_s: float) -> Iterator[tuple[DispatchRecord, int]]:
+    """The dispatch records that arrived, each with the broker's append time."""
+    for msg in consumer.consume(10_000, timeout=timeout_s):
+        if msg.error() is None:
+            yield native.decode(msg.value() or b""), msg.timestamp()[1]
+
+
 def _prepare(make_load: MakeLoad) -> tuple[Path, Path, Load, Observed]:
     """A scratch folder, its ledger, the jobs, and what to expect of them."""
     tmp = Path(tempfile.mkdtemp(prefix="pysched-loadgen-"))
@@ -193,28 +226,12 @@ def run_cluster(
     exec_timeout_s: float,
     quiet: bool = False,
 ) -> tuple[Observed, Path, float]:
-    from confluent_kafka import Consumer
-
     _, ledger, load, observed = _prepare(make_load)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": config.kafka,
-            "group.id": f"loadgen-{uuid.uuid4().hex}",
-            "auto.offset.reset": "latest",
-            "enable.auto.commit": False,
-            "log_level": 3,
-        }
-    )
-    assigned = threading.Event()
-    consumer.subscribe([config.topic], on_assign=lambda c, parts: assigned.set())
-    while not assigned.is_set():
-        consumer.poll(0.2)
+    consumer = watch_topic(config, from_start=False)
 
     def poll() -> None:
-        for msg in consumer.consume(10_000, timeout=0.05):
-            if msg.error() is None:
-                _, appended = msg.timestamp()
-                observed.saw_dispatch(native.decode(msg.value() or b"").idempotency_key, appended)
+        for record, appended_at in appended(consumer, 0.05):
+            observed.saw_dispatch(record.idempotency_key, appended_at)
 
     store, close = open_cluster_store(config)
     try:

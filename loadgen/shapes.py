@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pysched import native
 from pysched.model import Job, OnceSchedule
+from pysched.records import idempotency_key
 
 SHAPES = ("instant", "jittered", "realistic")
 SUSTAIN_SHAPES = ("once", "recurring")
@@ -44,8 +45,24 @@ class Load:
         for job, due in pairs:
             assert isinstance(job.schedule, OnceSchedule)
             jobs.append(job)
-            expected[f"{job.id}:{job.schedule.run_at_ms}:0"] = due
+            expected[idempotency_key(job.id, job.schedule.run_at_ms, 0)] = due
         return cls(jobs, expected)
+
+
+def ledger_job(job_id: str, schedule: dict[str, object], ledger: Path, due_ms: int | None, **policy: object) -> Job:
+    """A job whose run appends a line to the ledger (loadgen.target)."""
+    payload: dict[str, object] = {"ledger": str(ledger)}
+    if due_ms is not None:
+        payload["due_ms"] = due_ms
+    return Job.model_validate(
+        {
+            "id": job_id,
+            "schedule": schedule,
+            "target": {"kind": "python", "ref": "loadgen.target:append"},
+            "payload": payload,
+            **policy,
+        }
+    )
 
 
 def spike_jobs(
@@ -57,17 +74,8 @@ def spike_jobs(
         job_id = f"{prefix}{k:07d}"
         jittered = shape == "jittered" or (shape == "realistic" and k % 5 == 4)
         due = instant_ms + (native.jitter_offset(job_id, window_ms) if jittered and window_ms else 0)
-        spec: dict[str, object] = {
-            "id": job_id,
-            "schedule": {"kind": "once", "run_at_ms": instant_ms},
-            "target": {"kind": "python", "ref": "loadgen.target:append"},
-            "payload": {"ledger": str(ledger), "due_ms": due},
-        }
-        if jittered:
-            spec["jitter_window_s"] = window_s
-        else:
-            spec["critical"] = True
-        yield Job.model_validate(spec), due
+        policy = {"jitter_window_s": window_s} if jittered else {"critical": True}
+        yield ledger_job(job_id, {"kind": "once", "run_at_ms": instant_ms}, ledger, due, **policy), due
 
 
 def sustain_jobs(rate: float, duration_s: float, start_ms: int, ledger: Path, prefix: str) -> Iterator[tuple[Job, int]]:
@@ -75,16 +83,7 @@ def sustain_jobs(rate: float, duration_s: float, start_ms: int, ledger: Path, pr
     n = int(rate * duration_s)
     for k in range(n):
         due = start_ms + round(k * 1000 / rate)
-        job = Job.model_validate(
-            {
-                "id": f"{prefix}{k:07d}",
-                "schedule": {"kind": "once", "run_at_ms": due},
-                "target": {"kind": "python", "ref": "loadgen.target:append"},
-                "payload": {"ledger": str(ledger), "due_ms": due},
-                "critical": True,
-            }
-        )
-        yield job, due
+        yield ledger_job(f"{prefix}{k:07d}", {"kind": "once", "run_at_ms": due}, ledger, due, critical=True), due
 
 
 def sustain_recurring(rate: float, minutes: int, start_ms: int, ledger: Path, prefix: str) -> Load:
@@ -96,19 +95,9 @@ def sustain_recurring(rate: float, minutes: int, start_ms: int, ledger: Path, pr
     expected: dict[str, int] = {}
     for k in range(round(rate * 60)):
         job_id = f"{prefix}{k:07d}"
-        jobs.append(
-            Job.model_validate(
-                {
-                    "id": job_id,
-                    "schedule": {"kind": "cron", "expr": "* * * * *"},
-                    "target": {"kind": "python", "ref": "loadgen.target:append"},
-                    "payload": {"ledger": str(ledger)},
-                    "jitter_window_s": 60,
-                }
-            )
-        )
+        jobs.append(ledger_job(job_id, {"kind": "cron", "expr": "* * * * *"}, ledger, None, jitter_window_s=60))
         offset = native.jitter_offset(job_id, MINUTE_MS)
         for m in range(minutes):
             run_at = start_ms + m * MINUTE_MS
-            expected[f"{job_id}:{run_at}:0"] = run_at + offset
+            expected[idempotency_key(job_id, run_at, 0)] = run_at + offset
     return Load(jobs, expected, recurring=True)

@@ -9,6 +9,12 @@ class RecordError(ValueError):
     """A dispatch payload that cannot be encoded or decoded."""
 
 
+def idempotency_key(job_id: str, run_at_ms: int, attempt_group: int) -> str:
+    """`{job_id}:{scheduled_run_at}:{attempt_group}`: the same for every
+    delivery of a run, so a duplicate delivery is recognised."""
+    return f"{job_id}:{run_at_ms}:{attempt_group}"
+
+
 class DispatchRecord(NamedTuple):
     """One due run as it travels from a partition leader to a worker."""
 
@@ -24,6 +30,4 @@ class DispatchRecord(NamedTuple):
 
     @property
     def idempotency_key(self) -> str:
-        """`{job_id}:{scheduled_run_at}:{attempt_group}`: the same for every
-        delivery of this run, so a duplicate delivery is recognised."""
-        return f"{self.job_id}:{self.run_at_ms}:{self.attempt_group}"
+        return idempotency_key(self.job_id, self.run_at_ms, self.attempt_group)

@@ -48,7 +48,7 @@ from pysched.protocols import (
     RunRecord,
     is_near,
 )
-from pysched.records import DispatchRecord
+from pysched.records import DispatchRecord, idempotency_key
 
 log = logging.getLogger("pysched.cassandra")
 
@@ -69,7 +69,7 @@ class BackendUnavailable(ConnectionError):
 def run_id_for(job_id: str, run_at_ms: int, attempt_group: int) -> int:
     """A run's wheel handle, derived from its identity so that planning the
     same run twice (after a failover) yields the same handle and rows."""
-    digest = hashlib.sha256(f"{job_id}:{run_at_ms}:{attempt_group}".encode()).digest()
+    digest = hashlib.sha256(idempotency_key(job_id, run_at_ms, attempt_group).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
 
 
