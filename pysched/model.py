@@ -87,8 +87,8 @@ class Job(_Strict):
     schedule: Schedule
     target: Target
     payload: dict[str, Any] = Field(default_factory=dict)
-    # None: 60 s for a recurring job, none for a one-shot; ignored when critical.
-    jitter_window_s: float | None = Field(default=None, ge=0, le=3600)
+    # None: 60 s for a recurring job, none for a one-shot; a critical job has none.
+    jitter_window_s: float | None = Field(default=None, ge=0, le=3600, allow_inf_nan=False)
     critical: bool = False
     # What happens to runs missed while no scheduler was up; only the default
     # exists so far: one catch-up run, then the schedule resumes from now.

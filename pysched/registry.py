@@ -1,16 +1,20 @@
-"""Registering, rescheduling and cancelling jobs: planning plus one store call,
-so a job is acknowledged only once its first run is committed."""
+"""Registering, rescheduling and cancelling jobs: admission, planning and one
+store call, so a job is acknowledged only once its first run is committed and
+a job that cannot run is refused before anything is stored."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pysched.admission import admit, check_schedule
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.planning import DEFAULT_PARTITIONS, first_run, jitter_for, partition_for
 from pysched.protocols import JobRecord, Registration, ScheduleStore
 
 
 def register(store: ScheduleStore, job: Job, now_ms: int, partitions: int = DEFAULT_PARTITIONS) -> JobRecord:
+    """Raises JobRejected (nothing stored) or JobExists."""
+    admit(job, now_ms)
     jitter_ms = jitter_for(job, now_ms)
     return store.add_job(job, partition_for(job.id, partitions), jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)
 
@@ -18,7 +22,10 @@ def register(store: ScheduleStore, job: Job, now_ms: int, partitions: int = DEFA
 def register_many(
     store: ScheduleStore, jobs: Sequence[Job], now_ms: int, partitions: int = DEFAULT_PARTITIONS
 ) -> list[str]:
-    """Register jobs in bulk; returns the ids that already existed."""
+    """Register jobs in bulk; returns the ids that already existed. A job that
+    is refused raises JobRejected before any is stored."""
+    for job in jobs:
+        admit(job, now_ms)
     items: list[Registration] = []
     for job in jobs:
         jitter_ms = jitter_for(job, now_ms)
@@ -27,6 +34,7 @@ def register_many(
 
 
 def reschedule(store: ScheduleStore, job_id: str, schedule: CronSchedule | OnceSchedule, now_ms: int) -> JobRecord:
+    check_schedule(schedule, now_ms)
     current = store.get_job(job_id).job
     job = Job.model_validate({**current.model_dump(), "schedule": schedule.model_dump()})
     jitter_ms = jitter_for(job, now_ms)
