@@ -118,6 +118,11 @@ class ScheduleStore(Protocol):
         """Runs of a job, newest first."""
         ...
 
+    def last_runs(self, job_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """Each job's newest run that was handed on (whatever became of it);
+        a job with none is left out."""
+        ...
+
     def change_versions(self) -> dict[int, int]:
         """Per partition, a number that changes whenever a job of it is
         cancelled or rescheduled, or added with a run due soon (``is_near``):

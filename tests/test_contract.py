@@ -254,6 +254,28 @@ def test_outcomes_are_recorded(backend: Backend) -> None:
     assert run.dispatched_at_ms == T0 + 150 and run.due_ms == T0 + 100
 
 
+def test_the_last_run_is_the_newest_handed_on_whatever_became_of_it(backend: Backend) -> None:
+    store = backend.store
+    store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    store.add_job(cron_job(), 1, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    store.add_job(once_job("later", T0 + 50_000), 2, 0, PlannedRun(T0 + 50_000, T0 + 50_000), T0)
+    assert store.last_runs(["o", "every-10s", "later", "nope"]) == {}
+    (row,), _ = dispatch(backend, T0 + 1_000, 1, T0 + 150)
+    # Handed on: the job's schedule has ended, but the run has not.
+    assert store.get_job("o").state == "completed"
+    assert store.last_runs(["o"])["o"].state == "dispatched"
+    assert store.run_started(record(row, 1), "w1", T0 + 160)
+    assert store.last_runs(["o"])["o"].state == "running"
+    store.run_finished(record(row, 1), "failed", "exit status 3", None, T0 + 200)
+    # Two runs of the recurring job handed on; its next one waits.
+    dispatch(backend, T0 + 20_000, 1, T0 + 10_000)
+    dispatch(backend, T0 + 30_000, 1, T0 + 20_000)
+    last = store.last_runs(["o", "every-10s", "later"])
+    assert sorted(last) == ["every-10s", "o"]
+    assert (last["o"].state, last["o"].error) == ("failed", "exit status 3")
+    assert (last["every-10s"].run_at_ms, last["every-10s"].state) == (T0 + 20_000, "dispatched")
+
+
 def test_claim_outcomes(backend: Backend) -> None:
     row = (7, "job", T0, T0, 1, 1, 0)
     c = backend.claims

@@ -348,29 +348,50 @@ class CassandraScheduleStore:
         self._row(job_id)
         out = []
         for r in self.session.execute(self._history, (job_id, limit + 1)):
-            state = r.state
-            if state == "scheduled":
-                if r.dispatched_at_ms is None:
-                    continue  # still waiting: not history yet
-                state = "dispatched"
-            out.append(
-                RunRecord(
-                    r.run_id,
-                    r.job_id,
-                    r.run_at_ms,
-                    r.due_ms,
-                    state,
-                    r.attempt or 0,
-                    r.fence,
-                    r.dispatched_at_ms,
-                    r.started_at_ms,
-                    r.ended_at_ms,
-                    r.worker,
-                    r.error,
-                    r.result,
-                )
-            )
+            run = self._run_record(r)
+            if run is not None:
+                out.append(run)
         return out[:limit]
+
+    def last_runs(self, job_ids: Sequence[str]) -> dict[str, RunRecord]:
+        # The newest rows of each job: a pending run, perhaps runs cancelled
+        # before they were handed on, then the one wanted.
+        out: dict[str, RunRecord] = {}
+        results = execute_concurrent_with_args(
+            self.session, self._history, [(job_id, 4) for job_id in job_ids], concurrency=64
+        )
+        for ok, rows in results:
+            if not ok:
+                raise rows
+            for r in rows:
+                run = self._run_record(r)
+                if run is not None and run.dispatched_at_ms is not None:
+                    out[run.job_id] = run
+                    break
+        return out
+
+    @staticmethod
+    def _run_record(r: Any) -> RunRecord | None:
+        state = r.state
+        if state == "scheduled":
+            if r.dispatched_at_ms is None:
+                return None  # still waiting: not history yet
+            state = "dispatched"
+        return RunRecord(
+            r.run_id,
+            r.job_id,
+            r.run_at_ms,
+            r.due_ms,
+            state,
+            r.attempt or 0,
+            r.fence,
+            r.dispatched_at_ms,
+            r.started_at_ms,
+            r.ended_at_ms,
+            r.worker,
+            r.error,
+            r.result,
+        )
 
     def change_versions(self) -> dict[int, int]:
         return {int(r.partition): int(r.n) for r in self.session.execute(self._changes)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,6 +159,20 @@ class SQLiteScheduleStore:
             .fetchall()
         )
         return [RunRecord(*r) for r in rows]
+
+    def last_runs(self, job_ids: Sequence[str]) -> dict[str, RunRecord]:
+        conn = self.db.connection()
+        out: dict[str, RunRecord] = {}
+        for start in range(0, len(job_ids), _CHUNK):
+            chunk = job_ids[start : start + _CHUNK]
+            rows = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id IN (SELECT (SELECT x.run_id FROM runs x"
+                " WHERE x.job_id = ids.value AND x.dispatched_at_ms IS NOT NULL"
+                " ORDER BY x.run_at_ms DESC, x.run_id DESC LIMIT 1) FROM json_each(?) ids)",
+                (json.dumps(list(chunk)),),
+            ).fetchall()
+            out.update((str(r[1]), RunRecord(*r)) for r in rows)
+        return out
 
     def change_versions(self) -> dict[int, int]:
         rows = self.db.connection().execute("SELECT partition, version FROM partition_changes").fetchall()
