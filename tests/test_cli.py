@@ -3,42 +3,129 @@ and stores nothing."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, cli_json
+from pysched.model import Job
+from pysched.protocols import PlannedRun
+from pysched.stores.sqlite import SQLiteScheduleStore
+from tests.helpers import PYSCHED, cli, cli_json
 
 
 @pytest.mark.parametrize(
     ("args", "field"),
     [
-        (["--cron", "61 * * * *", "--shell", "true"], "expr: Bad minute"),
-        (["--cron", "* * *", "--shell", "true"], "expr: expected 5 fields"),
-        (["--cron", "@sometimes", "--shell", "true"], "expr: unknown macro"),
-        (["--cron", "* * * * *", "--tz", "Mars/Olympus", "--shell", "true"], "tz: unknown time zone"),
+        (["--cron", "61 * * * *", "--shell", "true"], "--cron: Bad minute"),
+        (["--cron", "* * *", "--shell", "true"], "--cron: expected 5 fields"),
+        (["--cron", "@sometimes", "--shell", "true"], "--cron: unknown macro"),
+        (["--cron", "* * * * *", "--tz", "Mars/Olympus", "--shell", "true"], "--tz: unknown time zone"),
         (["--at", "tomorrow-ish", "--shell", "true"], "--at: not an ISO 8601 time"),
         (["--at", "2001-01-01T00:00:00+00:00", "--shell", "true"], "--at:"),
-        (["--in", "-3", "--shell", "true"], "--in: must not be negative"),
+        (["--in", "-3", "--shell", "true"], "--in: seconds from now, from 0 to"),
         (["--in", "3"], "give exactly one of --shell, --python, --http"),
         (["--in", "3", "--cron", "* * * * *", "--shell", "true"], "give exactly one of --cron, --at, --in"),
-        (["--in", "3", "--python", "not a ref"], "target.ref"),
-        (["--in", "3", "--http", "ftp://example.org/x"], "target.url"),
-        (["--in", "3", "--shell", "true", "--jitter", "-1"], "jitter_window_s"),
+        (["--in", "3", "--python", "not a ref"], "--python: module:function"),
+        (["--in", "3", "--http", "ftp://example.org/x"], "--http:"),
+        (["--in", "3", "--shell", "true", "--jitter", "-1"], "--jitter: seconds, a number from 0 to 3600"),
         (["--in", "3", "--shell", "true", "--payload", "{nope"], "--payload: not JSON"),
+        # Times that no date can show, or not numbers at all.
+        (["--in", "1e12", "--shell", "true"], "--in: seconds from now, from 0 to"),
+        (["--in", "1e20", "--shell", "true"], "--in: seconds from now"),
+        (["--in", "nan", "--shell", "true"], "--in: seconds from now"),
+        (["--in", "inf", "--shell", "true"], "--in: seconds from now"),
+        (["--at", "9999-12-31T23:59:59-01:00", "--shell", "true"], "--at: 9999-12-31T23:59:59-01:00 is more than 100"),
+        # A bad zone is refused whatever the schedule; flags that do not apply are refused.
+        (["--in", "100", "--tz", "Mars/Olympus", "--shell", "true"], "--tz: unknown time zone 'Mars/Olympus'"),
+        (["--in", "100", "--tz", "Europe/Paris", "--shell", "true"], "--tz: does not apply to --in"),
+        (["--in", "3", "--shell", "true", "--jitter", "30", "--critical"], "--jitter: does not apply to a --critical"),
+        (["--in", "3", "--shell", "true", "--method", "GET"], "--method: applies only to --http"),
+        (["--in", "3", "--python", "m:f", "--method", "GET"], "--method: applies only to --http"),
+        (["--in", "3", "--shell", "true", "--jitter", "nan"], "--jitter: seconds, a number from 0 to 3600"),
+        # What would fail only at run time is refused now.
+        (["--in", "3", "--http", "http://exa mple.org/"], "--http: 'http://exa mple.org/' contains spaces"),
+        (["--in", "3", "--http", "http://example.org:99999/"], "--http: 'http://example.org:99999/' is not a valid"),
+        (["--in", "3", "--shell", "true", "--payload", "[1, 2]"], "--payload: must be a JSON object"),
+        (["--in", "3", "--shell", "true", "--payload", "@/nonexistent/payload.json"], "--payload: cannot read"),
     ],
 )
 def test_bad_input_names_the_field_and_stores_nothing(db_path: Path, args: list[str], field: str) -> None:
     proc = cli("add", "job", *args, db=db_path, check=False)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr
     assert field in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert cli_json("ls", db=db_path) == []
 
 
-def test_bad_id_is_refused(db_path: Path) -> None:
+def test_bad_id_is_refused_in_words(db_path: Path) -> None:
     proc = cli("add", "a:b", "--in", "3", "--shell", "true", db=db_path, check=False)
-    assert proc.returncode != 0 and "id:" in proc.stderr
+    assert proc.returncode == 2
+    assert "id: letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit" in proc.stderr
+
+
+def test_a_shell_payload_beyond_the_environment_limit_is_refused(tmp_path: Path, db_path: Path) -> None:
+    # A shell target receives the payload in one environment variable, which
+    # Linux caps at 128 KiB: the job could never start.
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"blob": "x" * 200_000}))
+    proc = cli("add", "job", "--in", "3", "--shell", "true", "--payload", f"@{big}", db=db_path, check=False)
+    assert proc.returncode == 2 and "--payload:" in proc.stderr and "environment variable" in proc.stderr
+    # The same payload suits a Python target, read from a file or standard input.
+    cli("add", "py", "--in", "60", "--python", "m:f", "--payload", f"@{big}", db=db_path)
+    piped = subprocess.run(
+        [*PYSCHED, "add", "piped", "--in", "60", "--python", "m:f", "--payload", "-", "--db", str(db_path), "--json"],
+        input=big.read_text(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(piped.stdout)["payload"]["blob"] == "x" * 200_000
+    over = tmp_path / "over.json"
+    over.write_text(json.dumps({"blob": "x" * (1024 * 1024)}))
+    proc = cli("add", "huge", "--in", "3", "--python", "m:f", "--payload", f"@{over}", db=db_path, check=False)
+    assert proc.returncode == 2 and "--payload: more than 1,048,576 bytes" in proc.stderr
+    assert sorted(j["id"] for j in cli_json("ls", db=db_path)) == ["piped", "py"]
+
+
+def test_no_such_job_exits_3(db_path: Path) -> None:
+    cli("add", "real", "--in", "60", "--shell", "true", db=db_path)
+    for args in (["show", "ghost"], ["history", "ghost"], ["cancel", "ghost"], ["reschedule", "ghost", "--in", "5"]):
+        proc = cli(*args, db=db_path, check=False)
+        assert proc.returncode == 3 and "no job 'ghost'" in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_any_stored_time_can_be_shown(db_path: Path) -> None:
+    # A job stored before run times were bounded (or by another tool): every
+    # command that shows it still works, and cancelling it too.
+    store = SQLiteScheduleStore(db_path)
+    far = 10**15  # year ~33,700: beyond any date
+    job = Job.model_validate(
+        {"id": "far", "schedule": {"kind": "once", "run_at_ms": far}, "target": {"kind": "shell", "command": "true"}}
+    )
+    store.add_job(job, 0, 0, PlannedRun(far, far), 0)
+    cli("add", "near", "--in", "60", "--shell", "true", db=db_path)
+    assert "far" in cli("ls", db=db_path).stdout
+    (far_json, _) = cli_json("ls", db=db_path)
+    assert far_json["next_run_at"] == f"{far} ms after 1970-01-01T00:00Z"
+    cli("show", "far", db=db_path)
+    cli("cancel", "far", db=db_path)
+    assert [j["state"] for j in cli_json("ls", db=db_path)] == ["cancelled", "active"]
+    assert "Traceback" not in cli("history", "far", db=db_path).stderr
+
+
+def test_reschedule_keeps_the_jobs_zone(db_path: Path) -> None:
+    cli("add", "report", "--cron", "0 9 * * 1-5", "--tz", "Europe/Paris", "--shell", "true", db=db_path)
+    moved = cli_json("reschedule", "report", "--cron", "30 8 * * 1-5", db=db_path)
+    assert moved["schedule"] == {"kind": "cron", "expr": "30 8 * * 1-5", "tz": "Europe/Paris"}
+    moved = cli_json("reschedule", "report", "--cron", "30 8 * * 1-5", "--tz", "Asia/Tokyo", db=db_path)
+    assert moved["schedule"]["tz"] == "Asia/Tokyo"
+    proc = cli("reschedule", "report", "--in", "1e12", db=db_path, check=False)
+    assert proc.returncode == 2 and "--in:" in proc.stderr
+    assert cli_json("show", "report", db=db_path)["schedule"]["tz"] == "Asia/Tokyo"
 
 
 def test_duplicate_id_is_refused_and_keeps_the_first(db_path: Path) -> None:

@@ -95,3 +95,27 @@ def test_standby_takes_over_after_kill_9_with_nothing_lost_or_doubled(tmp_path: 
         for proc in (first, second):
             if proc is not None:
                 stop_node(proc)
+
+
+def test_ls_tells_the_schedule_and_the_last_run_apart(tmp_path: Path, db_path: Path) -> None:
+    node = start_node(db_path, tmp_path, tmp_path / "node.log")
+    try:
+        cli("add", "fails", "--in", "0.5", "--shell", "exit 3", db=db_path, cwd=tmp_path)
+        # Runs until the test releases it (at most a minute).
+        wait = "for i in $(seq 600); do [ -e release ] && exit 0; sleep 0.1; done"
+        cli("add", "sleeps", "--in", "0.5", "--shell", wait, db=db_path, cwd=tmp_path)
+
+        def settled() -> bool:
+            last = {j["id"]: j["last_run"] for j in cli_json("ls", db=db_path)}
+            return all(last.values()) and last["fails"]["state"] == "failed" and last["sleeps"]["state"] == "running"
+
+        wait_for(settled, 30, "one run failed and one running")
+        jobs = {j["id"]: j for j in cli_json("ls", db=db_path)}
+        # Neither one-shot has runs to come; one failed, one still runs.
+        assert jobs["fails"]["state"] == jobs["sleeps"]["state"] == "completed"
+        assert jobs["fails"]["last_run"]["error"].startswith("exit status 3")
+        table = cli("ls", db=db_path).stdout
+        assert "last run" in table and "failed" in table and "running" in table
+    finally:
+        (tmp_path / "release").touch()
+        stop_node(node)

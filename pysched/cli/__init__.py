@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
 from pysched.cli import jobs, node
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="pysched: a job scheduler for Python.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="pysched: a job scheduler for Python.",
+)
 jobs.register_commands(app)
 node.register_commands(app)
 
 
 def main() -> None:
-    app()
+    """Exit 0 when done, 2 on bad input, 3 for no such job (the commands say
+    so themselves), 1 on anything unexpected: one line, and the traceback only
+    with PYSCHED_DEBUG=1."""
+    try:
+        app()
+    except Exception as exc:
+        if os.environ.get("PYSCHED_DEBUG") == "1":
+            raise
+        print(f"error: unexpected {type(exc).__name__}: {exc} (PYSCHED_DEBUG=1 shows where)", file=sys.stderr)
+        sys.exit(1)

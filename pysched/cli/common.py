@@ -30,20 +30,54 @@ ConfigOption = Annotated[
 DEFAULT_DB = "pysched.db"
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
+# Exit codes: 0 done, 1 an unexpected failure, 2 bad input (nothing changed),
+# 3 no such job.
+EXIT_BAD_INPUT = 2
+EXIT_NO_SUCH_JOB = 3
+
+# The model's field names as the user typed them.
+FLAG_FOR_FIELD = {
+    "schedule.expr": "--cron",
+    "schedule.tz": "--tz",
+    "schedule.run_at_ms": "--at",
+    "target.command": "--shell",
+    "target.ref": "--python",
+    "target.url": "--http",
+    "target.method": "--method",
+    "payload": "--payload",
+    "jitter_window_s": "--jitter",
+}
+ID_RULE = "letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit"
+# (field, pydantic error type) -> what would be accepted, in words.
+_WORDS = {
+    ("id", "string_pattern_mismatch"): ID_RULE,
+    ("target.ref", "string_pattern_mismatch"): "module:function, for example myjobs:report",
+    ("payload", "dict_type"): "must be a JSON object",
+    ("jitter_window_s", "finite_number"): "seconds, a number from 0 to 3600",
+    ("jitter_window_s", "greater_than_equal"): "seconds, a number from 0 to 3600",
+    ("jitter_window_s", "less_than_equal"): "seconds, a number from 0 to 3600",
+}
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
+def flag_for(field: str) -> str:
+    return FLAG_FOR_FIELD.get(field, field)
+
+
 def fail_validation(exc: ValidationError) -> NoReturn:
-    """Name the field: 'schedule.expr: Bad minute ...'."""
+    """Name the field as the user gave it: '--cron: Bad minute in ...'."""
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if p not in ("cron", "once", "shell", "python", "http"))
+        field = ".".join(str(p) for p in err["loc"] if p not in ("cron", "once", "shell", "python", "http"))
         msg = str(err["msg"]).removeprefix("Value error, ")
         if msg.startswith("expr: "):
-            loc, msg = f"{loc}.expr" if loc else "expr", msg.removeprefix("expr: ")
-        lines.append(f"{loc}: {msg}" if loc else msg)
+            field, msg = f"{field}.expr" if field else "expr", msg.removeprefix("expr: ")
+        msg = _WORDS.get((field, str(err["type"])), msg)
+        lines.append(f"{flag_for(field)}: {msg}" if field else msg)
     fail("; ".join(lines))
 
 
@@ -70,9 +104,14 @@ def open_store(db: str, config: str | None = None) -> ScheduleStore:
 
 
 def iso(ms: int | None) -> str | None:
+    """A stored time in the machine's zone; any stored value can be shown,
+    even one no date can express."""
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+    try:
+        return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError, OSError):
+        return f"{ms} ms after 1970-01-01T00:00Z"
 
 
 def echo_json(value: Any) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import sys
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -13,21 +16,25 @@ from rich.console import Console
 from rich.table import Table
 
 from pysched import cron
+from pysched.admission import MAX_AHEAD_MS, MAX_AHEAD_YEARS, PAYLOAD_LIMIT_BYTES, JobRejected
 from pysched.cli.common import (
     DEFAULT_DB,
+    EXIT_NO_SUCH_JOB,
+    ID_RULE,
     ConfigOption,
     DbOption,
     JsonOption,
     echo_json,
     fail,
     fail_validation,
+    flag_for,
     iso,
     job_json,
     open_store,
     run_json,
 )
 from pysched.model import CronSchedule, Job, OnceSchedule
-from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord
+from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
 from pysched.registry import register, reschedule
 
 
@@ -35,46 +42,85 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _zone_name(tz: str | None) -> str | None:
+    """A --tz is checked whatever the schedule it comes with."""
+    if tz is not None:
+        try:
+            cron.zone(tz)
+        except cron.CronError as exc:
+            fail(f"--tz: {exc}")
+    return tz
+
+
 def _parse_at(value: str, tz: str | None) -> int:
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
         fail(f"--at: not an ISO 8601 time: {value!r}")
-    if when.tzinfo is None:
-        try:
+    try:
+        if when.tzinfo is None:
             when = when.replace(tzinfo=cron.zone(tz)) if tz else when.astimezone()
-        except cron.CronError as exc:
-            fail(f"--tz: {exc}")
-    return int(when.timestamp() * 1000)
+        return int(when.timestamp() * 1000)
+    except (OverflowError, OSError, ValueError):
+        fail(f"--at: {value!r} is out of range")
 
 
-def _schedule(cron_expr: str | None, tz: str | None, at: str | None, in_s: float | None) -> dict[str, Any]:
+def _schedule(
+    cron_expr: str | None, tz: str | None, at: str | None, in_s: float | None, keep_tz: str = "UTC"
+) -> dict[str, Any]:
     given = [name for name, v in (("--cron", cron_expr), ("--at", at), ("--in", in_s)) if v is not None]
     if len(given) != 1:
         fail("give exactly one of --cron, --at, --in" + (f" (got {', '.join(given)})" if given else ""))
+    tz = _zone_name(tz)
     if cron_expr is not None:
-        return {"kind": "cron", "expr": cron_expr, "tz": tz or "UTC"}
+        return {"kind": "cron", "expr": cron_expr, "tz": tz or keep_tz}
     now = _now_ms()
     if in_s is not None:
-        if in_s < 0:
-            fail(f"--in: must not be negative, got {in_s}")
+        if tz is not None:
+            fail("--tz: does not apply to --in, a delay in seconds")
+        if not math.isfinite(in_s) or not 0 <= in_s <= MAX_AHEAD_MS / 1000:
+            fail(f"--in: seconds from now, from 0 to {MAX_AHEAD_MS // 1000:,} ({MAX_AHEAD_YEARS} years); got {in_s}")
         return {"kind": "once", "run_at_ms": now + round(in_s * 1000)}
     assert at is not None
     run_at = _parse_at(at, tz)
     if run_at < now - 1_000:
         fail(f"--at: {iso(run_at)} is in the past")
+    if run_at > now + MAX_AHEAD_MS:
+        fail(f"--at: {at} is more than {MAX_AHEAD_YEARS} years ahead")
     return {"kind": "once", "run_at_ms": run_at}
 
 
-def _target(shell: str | None, python: str | None, http: str | None, method: str) -> dict[str, Any]:
+def _target(shell: str | None, python: str | None, http: str | None, method: str | None) -> dict[str, Any]:
     given = [name for name, v in (("--shell", shell), ("--python", python), ("--http", http)) if v is not None]
     if len(given) != 1:
         fail("give exactly one of --shell, --python, --http" + (f" (got {', '.join(given)})" if given else ""))
+    if method is not None and http is None:
+        fail(f"--method: applies only to --http, not to {given[0]}")
     if shell is not None:
         return {"kind": "shell", "command": shell}
     if python is not None:
         return {"kind": "python", "ref": python}
-    return {"kind": "http", "url": http, "method": method.upper()}
+    return {"kind": "http", "url": http, "method": (method or "POST").upper()}
+
+
+def _payload(value: str) -> Any:
+    """--payload JSON, @FILE or - (standard input), at most PAYLOAD_LIMIT_BYTES."""
+    if value == "-":
+        text = sys.stdin.buffer.read(PAYLOAD_LIMIT_BYTES + 1)
+    elif value.startswith("@"):
+        try:
+            with Path(value[1:]).open("rb") as f:
+                text = f.read(PAYLOAD_LIMIT_BYTES + 1)
+        except OSError as exc:
+            fail(f"--payload: cannot read {value[1:]!r}: {exc.strerror}")
+    else:
+        text = value.encode()
+    if len(text) > PAYLOAD_LIMIT_BYTES:
+        fail(f"--payload: more than {PAYLOAD_LIMIT_BYTES:,} bytes")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        fail(f"--payload: not JSON: {exc}")
 
 
 def _describe(rec: JobRecord) -> str:
@@ -94,7 +140,7 @@ def _print_job(rec: JobRecord, as_json: bool, verb: str) -> None:
 
 
 def add(
-    job_id: Annotated[str, typer.Argument(metavar="ID", help="Job id: letters, digits, '.', '_', '-'.")],
+    job_id: Annotated[str, typer.Argument(metavar="ID", help=f"Job id: {ID_RULE}.")],
     cron_expr: Annotated[
         str | None, typer.Option("--cron", help="Cron expression, 5 fields or 6 with seconds first.")
     ] = None,
@@ -104,8 +150,15 @@ def add(
     shell: Annotated[str | None, typer.Option("--shell", help="Shell command to run.")] = None,
     python: Annotated[str | None, typer.Option("--python", help="module:function to call with a RunContext.")] = None,
     http: Annotated[str | None, typer.Option("--http", help="URL to call, with an Idempotency-Key header.")] = None,
-    method: Annotated[str, typer.Option("--method", help="HTTP method for --http.")] = "POST",
-    payload: Annotated[str | None, typer.Option("--payload", help="JSON object handed to the target.")] = None,
+    method: Annotated[str | None, typer.Option("--method", help="HTTP method for --http (default POST).")] = None,
+    payload: Annotated[
+        str | None,
+        typer.Option(
+            "--payload",
+            help=f"JSON object handed to the target; @FILE reads a file, - standard input"
+            f" (at most {PAYLOAD_LIMIT_BYTES // 1024 // 1024} MiB).",
+        ),
+    ] = None,
     jitter: Annotated[
         float | None, typer.Option("--jitter", help="Jitter window in seconds (cron default 60).")
     ] = None,
@@ -115,6 +168,8 @@ def add(
     as_json: JsonOption = False,
 ) -> None:
     """Register a job; acknowledged once it is committed."""
+    if critical and jitter is not None:
+        fail("--jitter: does not apply to a --critical job, which has no jitter")
     spec: dict[str, Any] = {
         "id": job_id,
         "schedule": _schedule(cron_expr, tz, at, in_s),
@@ -124,31 +179,45 @@ def add(
     if jitter is not None:
         spec["jitter_window_s"] = jitter
     if payload is not None:
-        try:
-            spec["payload"] = json.loads(payload)
-        except json.JSONDecodeError as exc:
-            fail(f"--payload: not JSON: {exc}")
+        spec["payload"] = _payload(payload)
     try:
         job = Job.model_validate(spec)
     except ValidationError as exc:
         fail_validation(exc)
     try:
         rec = register(open_store(db, config), job, _now_ms())
+    except JobRejected as exc:
+        fail(f"{flag_for(exc.field)}: {exc.message}")
     except JobExists as exc:
         fail(f"id: {exc}")
     _print_job(rec, as_json, "added")
 
 
 def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """List jobs."""
-    records = open_store(db, config).list_jobs()
+    """List jobs: the schedule's state (active, completed: no runs to come,
+    cancelled) and, apart from it, how the last run handed on went."""
+    store = open_store(db, config)
+    records = store.list_jobs()
+    last = store.last_runs([r.job.id for r in records])
     if as_json:
-        echo_json([job_json(r) for r in records])
+        echo_json([{**job_json(r), "last_run": _last_run_json(last.get(r.job.id))} for r in records])
         return
-    table = Table("id", "state", "schedule", "target", "next run")
+    table = Table("id", "state", "schedule", "target", "next run", "last run")
     for r in records:
-        table.add_row(r.job.id, r.state, _describe(r), r.job.target.kind, iso(r.next_run.due_ms) if r.next_run else "-")
+        run = last.get(r.job.id)
+        table.add_row(
+            r.job.id,
+            r.state,
+            _describe(r),
+            r.job.target.kind,
+            iso(r.next_run.due_ms) if r.next_run else "-",
+            f"{run.state} {iso(run.run_at_ms)}" if run else "-",
+        )
     Console().print(table)
+
+
+def _last_run_json(run: RunRecord | None) -> dict[str, Any] | None:
+    return None if run is None else run_json(run)
 
 
 def show(
@@ -162,10 +231,9 @@ def show(
     try:
         rec = store.get_job(job_id)
     except JobNotFound as exc:
-        fail(str(exc), 1)
+        fail(str(exc), EXIT_NO_SUCH_JOB)
     data = job_json(rec)
-    last = store.history(job_id, 1)
-    data["last_run"] = run_json(last[0]) if last else None
+    data["last_run"] = _last_run_json(store.last_runs([job_id]).get(job_id))
     if as_json:
         echo_json(data)
         return
@@ -184,7 +252,7 @@ def history(
     try:
         runs = open_store(db, config).history(job_id, limit)
     except JobNotFound as exc:
-        fail(str(exc), 1)
+        fail(str(exc), EXIT_NO_SUCH_JOB)
     if as_json:
         echo_json([run_json(r) for r in runs])
         return
@@ -213,7 +281,7 @@ def cancel(
     try:
         rec = open_store(db, config).cancel_job(job_id, _now_ms())
     except JobNotFound as exc:
-        fail(str(exc), 1)
+        fail(str(exc), EXIT_NO_SUCH_JOB)
     except JobNotActive as exc:
         fail(str(exc))
     _print_job(rec, as_json, "cancelled")
@@ -229,8 +297,14 @@ def reschedule_cmd(
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Give a job a new schedule; pending runs are replaced."""
-    spec = _schedule(cron_expr, tz, at, in_s)
+    """Give a job a new schedule; pending runs are replaced. A new --cron
+    keeps the job's time zone unless --tz is given."""
+    store = open_store(db, config)
+    try:
+        current = store.get_job(job_id).job.schedule
+    except JobNotFound as exc:
+        fail(str(exc), EXIT_NO_SUCH_JOB)
+    spec = _schedule(cron_expr, tz, at, in_s, keep_tz=current.tz if isinstance(current, CronSchedule) else "UTC")
     try:
         schedule: CronSchedule | OnceSchedule = (
             CronSchedule.model_validate(spec) if spec["kind"] == "cron" else OnceSchedule.model_validate(spec)
@@ -238,9 +312,11 @@ def reschedule_cmd(
     except ValidationError as exc:
         fail_validation(exc)
     try:
-        rec = reschedule(open_store(db, config), job_id, schedule, _now_ms())
+        rec = reschedule(store, job_id, schedule, _now_ms())
+    except JobRejected as exc:
+        fail(f"{flag_for(exc.field)}: {exc.message}")
     except JobNotFound as exc:
-        fail(str(exc), 1)
+        fail(str(exc), EXIT_NO_SUCH_JOB)
     except JobNotActive as exc:
         fail(str(exc))
     _print_job(rec, as_json, "rescheduled")
