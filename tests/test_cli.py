@@ -123,6 +123,8 @@ def test_reschedule_keeps_the_jobs_zone(db_path: Path) -> None:
     assert moved["schedule"] == {"kind": "cron", "expr": "30 8 * * 1-5", "tz": "Europe/Paris"}
     moved = cli_json("reschedule", "report", "--cron", "30 8 * * 1-5", "--tz", "Asia/Tokyo", db=db_path)
     assert moved["schedule"]["tz"] == "Asia/Tokyo"
+    proc = cli("reschedule", "report", "--cron", "61 * * * *", db=db_path, check=False)
+    assert proc.returncode == 2 and "--cron: Bad minute" in proc.stderr
     proc = cli("reschedule", "report", "--in", "1e12", db=db_path, check=False)
     assert proc.returncode == 2 and "--in:" in proc.stderr
     assert cli_json("show", "report", db=db_path)["schedule"]["tz"] == "Asia/Tokyo"

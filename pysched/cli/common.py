@@ -37,6 +37,8 @@ EXIT_NO_SUCH_JOB = 3
 
 # The model's field names as the user typed them.
 FLAG_FOR_FIELD = {
+    "expr": "--cron",
+    "tz": "--tz",
     "schedule.expr": "--cron",
     "schedule.tz": "--tz",
     "schedule.run_at_ms": "--at",
