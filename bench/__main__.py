@@ -143,7 +143,7 @@ def main() -> int:
     lim.add_argument("--json")
     lim.set_defaults(func=limit_cmd)
     args = parser.parse_args()
-    from loadgen.runner import RegisteredLate
+    from loadgen.registration import RegisteredLate
 
     try:
         return int(args.func(args))

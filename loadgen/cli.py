@@ -21,8 +21,9 @@ from typing import Annotated, Any
 
 import typer
 
-from loadgen.measure import plot, report
-from loadgen.runner import MakeLoad, RegisteredLate, now_ms, registration_lead_s, run_cluster, run_embedded
+from loadgen.measure import plot
+from loadgen.registration import LoadPlan, RegisteredLate, now_ms, registration_lead_s
+from loadgen.runner import run_cluster, run_embedded
 from loadgen.shapes import MINUTE_MS, SHAPES, SUSTAIN_SHAPES, Load, spike_jobs, sustain_jobs, sustain_recurring
 from pysched.config import ConfigError
 from pysched.config import load as load_config
@@ -44,7 +45,8 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _instant(at: str | None, in_s: float | None, minimum_s: float) -> int:
+def _fixed_instant(at: str | None, in_s: float | None, minimum_s: float) -> int | None:
+    """The instant the user chose, if any."""
     if at is not None and in_s is not None:
         _fail("give --at or --in, not both")
     if in_s is not None:
@@ -58,13 +60,11 @@ def _instant(at: str | None, in_s: float | None, minimum_s: float) -> int:
         if instant < now_ms() + minimum_s * 1000:
             _fail(f"--at: {at} leaves less than {minimum_s:.0f} s to register the runs")
         return instant
-    # The next minute boundary with room to register first.
-    earliest = now_ms() + round(minimum_s * 1000)
-    return (earliest // 60_000 + 1) * 60_000
+    return None
 
 
 def _run(
-    make: MakeLoad,
+    plan: LoadPlan,
     embedded: bool,
     config: str | None,
     workers: int,
@@ -85,13 +85,12 @@ def _run(
             _fail(f"--config: {exc}")
     try:
         if config is not None:
-            observed, ledger, register_s = run_cluster(cfg, make, timeout, exec_timeout, quiet)
+            attempt = run_cluster(cfg, plan, timeout, exec_timeout, quiet)
         else:
-            observed, ledger, register_s = run_embedded(make, workers, timeout, exec_timeout, quiet)
+            attempt = run_embedded(plan, workers, timeout, exec_timeout, quiet)
     except RegisteredLate as exc:
         _fail(str(exc))
-    extra = {**extra, "mode": "embedded" if config is None else "cluster"}
-    figures = report(observed, ledger, register_s, extra)
+    figures = attempt.figures({**extra, "mode": "embedded" if config is None else "cluster"})
     lags = figures.pop("_fire_lags")
     if plot_path is not None:
         plot(lags, plot_path, title)
@@ -123,13 +122,15 @@ def spike(
     """N runs due at one instant."""
     if shape not in SHAPES:
         _fail(f"--shape: {shape!r} is not one of {', '.join(SHAPES)}")
-    instant = _instant(at, in_s, registration_lead_s(n, embedded))
+    fixed = _fixed_instant(at, in_s, registration_lead_s(n, embedded))
 
-    def make(ledger: Path, prefix: str) -> Load:
+    def build(ledger: Path, prefix: str, instant: int) -> Load:
         return Load.one_shots(spike_jobs(n, instant, shape, window, ledger, prefix))
 
+    # Unless the user chose it, the instant is a minute boundary, as a real
+    # spike's is, far enough ahead to register first.
     _run(
-        make,
+        LoadPlan(n, build, fixed, 1 if fixed is not None else MINUTE_MS),
         embedded,
         config,
         workers,
@@ -167,19 +168,18 @@ def sustain(
     # Recurring: rate x 60 jobs to register; the window is whole minutes
     # from a minute boundary.
     n = round(rate * 60) if recurring else int(rate * duration)
-    start = now_ms() + round((in_s if in_s is not None else registration_lead_s(n, embedded)) * 1000)
+    fixed = now_ms() + round(in_s * 1000) if in_s is not None else None
     minutes = math.ceil(duration / 60)
     if recurring:
-        start = math.ceil(start / MINUTE_MS) * MINUTE_MS
         duration = minutes * 60
 
-    def make(ledger: Path, prefix: str) -> Load:
+    def build(ledger: Path, prefix: str, start: int) -> Load:
         if recurring:
             return sustain_recurring(rate, minutes, start, ledger, prefix)
         return Load.one_shots(sustain_jobs(rate, duration, start, ledger, prefix))
 
     _run(
-        make,
+        LoadPlan(n, build, fixed, MINUTE_MS if recurring else 1),
         embedded,
         config,
         workers,

@@ -10,7 +10,6 @@ running nodes and workers do the rest.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import threading
 import time
 import uuid
@@ -22,11 +21,12 @@ from typing import TYPE_CHECKING
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadgen.measure import Observed, read_ledger
-from loadgen.shapes import Load
+from loadgen.registration import Attempt, LoadPlan, now_ms, register_before_due
 from pysched import native
 from pysched.config import ClusterConfig
 from pysched.dispatch.inprocess import InProcessDispatcher
-from pysched.node import Node, open_cluster_store, open_embedded
+from pysched.model import Job
+from pysched.node import Backends, Node, open_cluster_store, open_embedded
 from pysched.protocols import JobNotActive, JobNotFound, ScheduleStore
 from pysched.records import DispatchRecord
 from pysched.registry import register_many
@@ -34,34 +34,6 @@ from pysched.worker import WorkerConfig
 
 if TYPE_CHECKING:  # the driver is loaded only for a cluster run
     from confluent_kafka import Consumer
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-# Jobs a second each engine registers here in bulk, with room to spare: the
-# cluster's rate is one lightweight transaction and one logged batch per job.
-REGISTER_RATE = {"embedded": 20_000, "cluster": 250}
-
-
-def registration_lead_s(n: int, embedded: bool) -> float:
-    """Seconds to allow for registering n runs before the first is due."""
-    return 3 + n / REGISTER_RATE["embedded" if embedded else "cluster"]
-
-
-class RegisteredLate(RuntimeError):
-    """Registration was still going when the runs fell due: the figures would
-    time registration, not firing."""
-
-
-def _check_in_time(load: Load) -> None:
-    first_due = min(load.expected.values())
-    late_s = (now_ms() - first_due) / 1000
-    if late_s > -0.5:
-        raise RegisteredLate(
-            f"registration finished {late_s:+.1f} s from the first due time; start the runs later (--in, --at)"
-        )
 
 
 class TappedDispatcher(InProcessDispatcher):
@@ -131,9 +103,6 @@ def _wait(
     poll()
 
 
-MakeLoad = Callable[[Path, str], Load]
-
-
 def watch_topic(config: ClusterConfig, from_start: bool) -> Consumer:
     """A consumer of the dispatch topic in a group of its own: it sees every
     record without taking one from the workers. Returns once assigned."""
@@ -162,17 +131,8 @@ def appended(consumer: Consumer, timeout_s: float) -> Iterator[tuple[DispatchRec
             yield native.decode(msg.value() or b""), msg.timestamp()[1]
 
 
-def _prepare(make_load: MakeLoad) -> tuple[Path, Path, Load, Observed]:
-    """A scratch folder, its ledger, the jobs, and what to expect of them."""
-    tmp = Path(tempfile.mkdtemp(prefix="pysched-loadgen-"))
-    ledger = tmp / "ledger.txt"
-    load = make_load(ledger, f"lg{uuid.uuid4().hex[:6]}-")
-    return tmp, ledger, load, Observed(dict(load.expected))
-
-
-def _cancel_all(progress: Progress, store: ScheduleStore, load: Load) -> None:
-    """Recurring jobs would go on firing after the run: cancel every one."""
-    task = progress.add_task("cancelling", total=len(load.jobs))
+def _cancel_all(progress: Progress, store: ScheduleStore, jobs: list[Job]) -> None:
+    task = progress.add_task("cancelling", total=len(jobs))
 
     def cancel(job_id: str) -> None:
         with contextlib.suppress(JobNotFound, JobNotActive):  # gone already: nothing to stop
@@ -180,78 +140,90 @@ def _cancel_all(progress: Progress, store: ScheduleStore, load: Load) -> None:
         progress.advance(task)
 
     with ThreadPoolExecutor(32, thread_name_prefix="loadgen-cancel") as pool:
-        list(pool.map(cancel, [job.id for job in load.jobs]))
+        list(pool.map(cancel, [job.id for job in jobs]))
 
 
 def run_embedded(
-    make_load: MakeLoad,
+    plan: LoadPlan,
     workers: int,
     timeout_s: float,
     exec_timeout_s: float,
     quiet: bool = False,
-) -> tuple[Observed, Path, float]:
-    # A fresh database in a scratch folder: recurring jobs die with it.
-    tmp, ledger, load, observed = _prepare(make_load)
-    backends = open_embedded(tmp / "loadgen.db")
-    tap = TappedDispatcher()
-    backends.dispatcher = tap
+) -> Attempt:
+    # Each attempt registers into a fresh database in its own folder: one
+    # given up on is closed before the scheduler starts, and never fires.
+    databases: dict[int, Backends] = {}
+
+    def write(attempt: Attempt, jobs: list[Job]) -> None:
+        if attempt.number not in databases:
+            databases[attempt.number] = open_embedded(attempt.folder / "loadgen.db")
+        register_many(databases[attempt.number].store, jobs, now_ms())
+
+    def discard(attempt: Attempt) -> None:
+        backends = databases.pop(attempt.number, None)
+        if backends is not None:
+            backends.close()
+
     with _progress() if not quiet else Progress(disable=True) as progress:
-        task = progress.add_task("registering", total=len(load.jobs))
-        t = time.monotonic()
-        for start in range(0, len(load.jobs), 5_000):
-            chunk = load.jobs[start : start + 5_000]
-            register_many(backends.store, chunk, now_ms())
-            progress.update(task, completed=start + len(chunk))
-        register_s = time.monotonic() - t
-        _check_in_time(load)
+        attempt = register_before_due(plan, True, 5_000, write, discard, progress)
+        backends = databases.pop(attempt.number)
+        tap = TappedDispatcher()
+        backends.dispatcher = tap
         node = Node(backends, worker_config=WorkerConfig(concurrency=workers))
         stop = threading.Event()
         thread = threading.Thread(target=node.run, args=(stop,), name="loadgen-node", daemon=True)
         thread.start()
         try:
-            last_due = max(load.expected.values())
-            _wait(progress, observed, ledger, last_due, timeout_s, lambda: tap.observe(observed), exec_timeout_s)
+            last_due = max(attempt.load.expected.values())
+            observed = attempt.observed
+            _wait(
+                progress, observed, attempt.ledger, last_due, timeout_s, lambda: tap.observe(observed), exec_timeout_s
+            )
         finally:
             stop.set()
             thread.join(30)
-            tap.observe(observed)
+            tap.observe(attempt.observed)
             backends.close()
-    return observed, ledger, register_s
+    return attempt
 
 
 def run_cluster(
     config: ClusterConfig,
-    make_load: MakeLoad,
+    plan: LoadPlan,
     timeout_s: float,
     exec_timeout_s: float,
     quiet: bool = False,
-) -> tuple[Observed, Path, float]:
-    _, ledger, load, observed = _prepare(make_load)
+) -> Attempt:
     consumer = watch_topic(config, from_start=False)
 
-    def poll() -> None:
-        for record, appended_at in appended(consumer, 0.05):
+    def poll(observed: Observed, wait_s: float = 0.05) -> None:
+        for record, appended_at in appended(consumer, wait_s):
             observed.saw_dispatch(record.idempotency_key, appended_at)
 
     store, close = open_cluster_store(config)
     try:
         with _progress() if not quiet else Progress(disable=True) as progress:
-            task = progress.add_task("registering", total=len(load.jobs))
-            t = time.monotonic()
+
+            def write(attempt: Attempt, jobs: list[Job]) -> None:
+                register_many(store, jobs, now_ms(), config.partitions)
+                poll(attempt.observed, 0)  # keeps the consumer in its group; no time taken
+
+            def withdraw(attempt: Attempt) -> None:
+                # Given up on before its runs fall due, as a rule: none of
+                # them fires. A run already handed on fires into a ledger
+                # nobody reads.
+                _cancel_all(progress, store, attempt.load.jobs[: attempt.written])
+
+            # Small chunks: a rate too slow for the instant shows early.
+            attempt = register_before_due(plan, False, 500, write, withdraw, progress)
             try:
-                for start in range(0, len(load.jobs), 2_000):
-                    chunk = load.jobs[start : start + 2_000]
-                    register_many(store, chunk, now_ms(), config.partitions)
-                    progress.update(task, completed=start + len(chunk))
-                    poll()
-                register_s = time.monotonic() - t
-                _check_in_time(load)
-                last_due = max(load.expected.values())
-                _wait(progress, observed, ledger, last_due, timeout_s, poll, exec_timeout_s)
+                last_due = max(attempt.load.expected.values())
+                observed = attempt.observed
+                _wait(progress, observed, attempt.ledger, last_due, timeout_s, lambda: poll(observed), exec_timeout_s)
             finally:
-                if load.recurring:
-                    _cancel_all(progress, store, load)
+                if attempt.load.recurring:  # they would go on firing
+                    _cancel_all(progress, store, attempt.load.jobs)
     finally:
         consumer.close()
         close()
-    return observed, ledger, register_s
+    return attempt

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -108,10 +109,23 @@ def ensure_apt(binary: str, package: str) -> str:
 
 
 def ensure_jars(name: str) -> Path:
-    libs = SERVERS / name / "target" / "libs"
-    if not libs.is_dir() or not any(libs.glob("*.jar")):
-        log(f"resolving {name} jars from Maven Central (cached in ~/.m2 afterwards)")
-        subprocess.run(["mvn", "-B", "-q", "-f", str(SERVERS / name / "pom.xml"), "package"], check=True)
+    """The server's jars (servers/NAME/target/libs, not in git), resolved by
+    its pom from Maven Central when missing, partial or older than the pom."""
+    pom = SERVERS / name / "pom.xml"
+    target = pom.parent / "target"
+    libs = target / "libs"
+    # Written once the copy is complete: an interrupted one is redone, and a
+    # changed pom never runs with the jars of the previous one.
+    stamp = target / "libs.pom-sha256"
+    wanted = hashlib.sha256(pom.read_bytes()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == wanted:
+        return libs
+    mvn = ensure_apt("mvn", "maven")
+    log(f"resolving {name} jars from Maven Central (cached in ~/.m2 afterwards)")
+    shutil.rmtree(libs, ignore_errors=True)
+    stamp.unlink(missing_ok=True)
+    subprocess.run([mvn, "-B", "-q", "-f", str(pom), "package"], check=True)
+    stamp.write_text(wanted)
     return libs
 
 

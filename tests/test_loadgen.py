@@ -111,6 +111,48 @@ def test_a_small_recurring_sustain_fires_every_minute_and_cancels_its_jobs(tmp_p
     assert figures["executed"] == 60 and figures["shape"] == "recurring"
 
 
+# A machine slower than loadgen assumes (cold servers, a busy core): every
+# bulk registration takes 3 s, beyond the lead allowed for 100 jobs.
+SLOW_REGISTRATION = """
+import sys, time
+import pysched.registry as registry
+fast = registry.register_many
+def slow(*args, **kwargs):
+    time.sleep(3)
+    return fast(*args, **kwargs)
+registry.register_many = slow
+from loadgen.cli import main
+main()
+"""
+
+
+def _slowed_loadgen(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", SLOW_REGISTRATION, *args, "--embedded", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.mark.slow
+def test_a_registration_slower_than_assumed_is_done_again_later_not_failed(tmp_path: Path) -> None:
+    out = tmp_path / "sustain.json"
+    proc = _slowed_loadgen("sustain", "--rate", "100", "--duration", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    figures = json.loads(out.read_text())
+    assert (figures["n"], figures["fired"], figures["missed"], figures["duplicates"]) == (100, 100, 0, 0)
+    assert figures["executed"] == 100 and figures["attempts"] >= 2
+    assert figures["register_s"] >= 3  # the attempt that counted, not a discarded one
+
+
+@pytest.mark.slow
+def test_an_instant_the_user_chose_too_close_is_an_error() -> None:
+    proc = _slowed_loadgen("spike", "--n", "100", "--in", "1")
+    assert proc.returncode == 2 and "start the runs later (--in, --at)" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
