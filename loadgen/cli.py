@@ -17,7 +17,7 @@ import math
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -40,9 +40,18 @@ ExecOpt = Annotated[float, typer.Option("--exec-timeout", help="Seconds to wait 
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+def _in_ms(in_s: float | None) -> int | None:
+    """--in as an instant: a finite number of seconds, from 0 to a day."""
+    if in_s is None:
+        return None
+    if not math.isfinite(in_s) or not 0 <= in_s <= 86_400:
+        _fail(f"--in: seconds from now, from 0 to 86400; got {in_s}")
+    return now_ms() + round(in_s * 1000)
 
 
 def _fixed_instant(at: str | None, in_s: float | None, minimum_s: float) -> int | None:
@@ -50,7 +59,7 @@ def _fixed_instant(at: str | None, in_s: float | None, minimum_s: float) -> int 
     if at is not None and in_s is not None:
         _fail("give --at or --in, not both")
     if in_s is not None:
-        return now_ms() + round(in_s * 1000)
+        return _in_ms(in_s)
     if at is not None:
         try:
             when = datetime.fromisoformat(at)
@@ -168,7 +177,7 @@ def sustain(
     # Recurring: rate x 60 jobs to register; the window is whole minutes
     # from a minute boundary.
     n = round(rate * 60) if recurring else int(rate * duration)
-    fixed = now_ms() + round(in_s * 1000) if in_s is not None else None
+    fixed = _in_ms(in_s)
     minutes = math.ceil(duration / 60)
     if recurring:
         duration = minutes * 60

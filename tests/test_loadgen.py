@@ -161,6 +161,8 @@ def test_an_instant_the_user_chose_too_close_is_an_error() -> None:
         (["spike", "--embedded", "--config", "x.toml", "--in", "1"], "exactly one of --embedded, --config"),
         (["spike", "--embedded", "--at", "soon"], "--at: not an ISO 8601 time"),
         (["spike", "--config", "/nonexistent.toml", "--in", "1"], "--config"),
+        (["spike", "--embedded", "--in", "nan"], "--in: seconds from now"),
+        (["sustain", "--embedded", "--in", "-3"], "--in: seconds from now"),
     ],
 )
 def test_bad_input_is_named(args: list[str], message: str) -> None:
