@@ -32,7 +32,7 @@ def _log_fire(event: RunDispatched) -> None:
     )
 
 
-WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="Worker threads (0: none).")]
+WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="Worker threads (0 only with --config).")]
 QuietOption = Annotated[bool, typer.Option("--quiet", help="Do not log each fire and run.")]
 
 
@@ -81,6 +81,10 @@ def up(
     Embedded (--db): a second `pysched up` on the same database stands by and
     takes over, with a higher fence, when the first stops or dies. Cluster
     (--config): every node leads its share of the partitions."""
+    if workers == 0 and config is None:
+        # The embedded engine hands runs on through a queue inside this
+        # process: with no worker here, nothing would ever run them.
+        fail("--workers: 0 only makes sense with --config and separate `pysched worker` processes")
     backends = _open(db, config)
     if demo:
         register_demo_jobs(backends.store, time.time_ns() // 1_000_000)
