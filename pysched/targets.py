@@ -64,8 +64,17 @@ def run_target(job: Job, ctx: RunContext) -> Outcome:
         if isinstance(target, PythonTarget):
             return _run_python(target, ctx)
         return _run_http(target, ctx)
-    except Exception as exc:  # a target's failure is the run's outcome, not the worker's
-        return Outcome(False, error=f"{type(exc).__name__}: {exc}"[:_OUTPUT_LIMIT])
+    except BaseException as exc:
+        # A target's failure is the run's outcome, not the worker's: also
+        # sys.exit(), KeyboardInterrupt or any BaseException it raises, which
+        # would otherwise end the worker thread that runs it.
+        return Outcome(False, error=_describe(exc)[:_OUTPUT_LIMIT])
+
+
+def _describe(exc: BaseException) -> str:
+    """'SystemExit: 3', 'KeyboardInterrupt', 'ValueError: bad x'."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _run_shell(target: ShellTarget, ctx: RunContext) -> Outcome:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -95,3 +96,45 @@ def test_standby_takes_over_after_kill_9_with_nothing_lost_or_doubled(tmp_path: 
         for proc in (first, second):
             if proc is not None:
                 stop_node(proc)
+
+
+HOSTILE_JOBS = """
+import sys
+
+
+def exits(ctx):
+    sys.exit(3)
+
+
+def interrupts(ctx):
+    raise KeyboardInterrupt
+
+
+def behaves(ctx):
+    return "still here"
+"""
+
+
+def test_a_job_that_exits_fails_its_run_and_not_the_worker(tmp_path: Path, db_path: Path) -> None:
+    (tmp_path / "hostile.py").write_text(HOSTILE_JOBS)
+    # One worker: had it died, nothing after it would run.
+    node = start_node(db_path, tmp_path, tmp_path / "node.log", "--workers", "1")
+    try:
+        for job, at in (("exits", "1"), ("interrupts", "1"), ("behaves", "2")):
+            cli("add", job, "--in", at, "--python", f"hostile:{job}", db=db_path, cwd=tmp_path)
+        cli("add", "after", "--in", "2", "--shell", "touch after.txt", db=db_path, cwd=tmp_path)
+
+        def finished(job: str) -> bool:
+            return [r["state"] for r in cli_json("history", job, db=db_path)] in (["succeeded"], ["failed"])
+
+        for job in ("exits", "interrupts", "behaves", "after"):
+            wait_for(functools.partial(finished, job), 20, f"{job} to finish")
+        runs = {job: cli_json("history", job, db=db_path) for job in ("exits", "interrupts", "behaves")}
+        assert [(r["state"], r["error"]) for r in runs["exits"]] == [("failed", "SystemExit: 3")]
+        assert [(r["state"], r["error"]) for r in runs["interrupts"]] == [("failed", "KeyboardInterrupt")]
+        assert [r["state"] for r in runs["behaves"]] == ["succeeded"]
+        assert (tmp_path / "after.txt").exists()
+    finally:
+        stop_node(node)
+    log = (tmp_path / "node.log").read_text()
+    assert " ERROR " not in log and "died" not in log, log
