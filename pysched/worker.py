@@ -3,14 +3,18 @@ claim, run the target, record the outcome.
 
 One heartbeat per worker pool extends the leases of all its running claims
 every ``heartbeat_ms``; if the pool dies, its claims expire after
-``lease_ms`` and the run is handed on again.
+``lease_ms`` and the run is handed on again. A supervisor replaces any
+worker or heartbeat thread that ends before the stop, and logs it as an error.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pysched import native
@@ -35,6 +39,7 @@ class WorkerConfig:
     lease_ms: int = 30_000
     heartbeat_ms: int = 10_000
     poll_s: float = 0.2
+    supervise_s: float = 1.0
 
 
 class WorkerPool:
@@ -56,21 +61,63 @@ class WorkerPool:
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._running: set[str] = set()
-        self._threads: list[threading.Thread] = []
+        # The supervised threads by name, and the supervisor itself.
+        self._threads: dict[str, threading.Thread] = {}
+        self._supervisor: threading.Thread | None = None
 
     def start(self, stop: threading.Event) -> None:
         for i in range(self.config.concurrency):
-            consumer = self.dispatcher.consumer()
-            t = threading.Thread(target=self._consume, args=(consumer, stop), name=f"pysched-worker-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        hb = threading.Thread(target=self._heartbeat, args=(stop,), name="pysched-heartbeat", daemon=True)
-        hb.start()
-        self._threads.append(hb)
+            self._start_thread(f"pysched-worker-{i}", stop)
+        self._start_thread("pysched-heartbeat", stop)
+        self._supervisor = threading.Thread(
+            target=self._supervise, args=(stop,), name="pysched-supervisor", daemon=True
+        )
+        self._supervisor.start()
 
     def join(self, timeout_s: float) -> None:
-        for t in self._threads:
-            t.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        threads = [*self._threads.values(), *([self._supervisor] if self._supervisor else [])]
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def alive(self) -> list[str]:
+        """Names of the worker and heartbeat threads that are running."""
+        return sorted(name for name, t in self._threads.items() if t.is_alive())
+
+    def _start_thread(self, name: str, stop: threading.Event) -> None:
+        loop: Callable[[], None]
+        if name == "pysched-heartbeat":
+            loop = functools.partial(self._heartbeat, stop)
+        else:
+            loop = functools.partial(self._consume, self.dispatcher.consumer(), stop)
+        t = threading.Thread(target=self._guarded, args=(name, loop, stop), name=name, daemon=True)
+        self._threads[name] = t
+        t.start()
+
+    def _guarded(self, name: str, loop: Callable[[], None], stop: threading.Event) -> None:
+        try:
+            loop()
+        except BaseException:
+            # Logged here, with its cause; the supervisor replaces the thread.
+            log.exception("%s died", name)
+            return
+        if not stop.is_set():
+            log.error("%s ended before the node stopped", name)
+
+    def _supervise(self, stop: threading.Event) -> None:
+        """A thread that ends before the stop, for whatever reason, is
+        replaced: a pool must not shrink silently until nothing runs."""
+        while not stop.wait(self.config.supervise_s):
+            for name, t in list(self._threads.items()):
+                if t.is_alive() or stop.is_set():
+                    continue
+                log.error("%s is not running: starting a replacement", name)
+                try:
+                    self._start_thread(name, stop)
+                except Exception:
+                    log.exception("could not replace %s, will retry", name)
+                    continue
+                self._count("replaced")
 
     def _count(self, what: str) -> None:
         with self._lock:
