@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from pysched.model import HttpTarget, Job, PythonTarget, ShellTarget
 from pysched.records import DispatchRecord
+from pysched.shell import run_command
 
 _OUTPUT_LIMIT = 4_000
 
@@ -88,16 +88,13 @@ def _run_shell(target: ShellTarget, ctx: RunContext) -> Outcome:
         PYSCHED_IDEMPOTENCY_KEY=ctx.idempotency_key,
         PYSCHED_PAYLOAD=json.dumps(ctx.payload),
     )
-    try:
-        proc = subprocess.run(
-            target.command, shell=True, env=env, capture_output=True, text=True, timeout=target.timeout_s
-        )
-    except subprocess.TimeoutExpired:
+    ran = run_command(target.command, env, target.timeout_s)
+    if ran.returncode is None:
         return Outcome(False, error=f"timed out after {target.timeout_s} s")
-    out = proc.stdout.strip()[-_OUTPUT_LIMIT:] or None
-    if proc.returncode != 0:
-        err = proc.stderr.strip()[-_OUTPUT_LIMIT:]
-        return Outcome(False, result=out, error=f"exit status {proc.returncode}" + (f": {err}" if err else ""))
+    out = ran.stdout_tail.strip()[-_OUTPUT_LIMIT:] or None
+    if ran.returncode != 0:
+        err = ran.stderr_tail.strip()[-_OUTPUT_LIMIT:]
+        return Outcome(False, result=out, error=f"exit status {ran.returncode}" + (f": {err}" if err else ""))
     return Outcome(True, result=out)
 
 
