@@ -2,8 +2,8 @@
 
 The command's output is streamed and only its tail is kept, so a job that
 prints gigabytes costs the node a few kilobytes. Each command runs in its own
-process group (a new session): a timeout kills the command and everything
-it started.
+process group (a new session): a timeout, or a node that stops without
+waiting, kills the command and everything it started.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from dataclasses import dataclass
 # stripping trailing blank output still leaves enough text.
 TAIL_BYTES = 64 * 1024
 _READ_BYTES = 64 * 1024
+
+_running: set[subprocess.Popen[bytes]] = set()
+_running_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,31 @@ def run_command(command: str, env: Mapping[str, str], timeout_s: float | None) -
         stderr=subprocess.PIPE,
         start_new_session=True,
     ) as proc:
-        tails = _read_tails(proc, deadline)
-        if tails is not None:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                return CommandResult(proc.wait(remaining), *tails)
-            except subprocess.TimeoutExpired:
-                pass
+        with _running_lock:
+            _running.add(proc)
+        try:
+            tails = _read_tails(proc, deadline)
+            if tails is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    return CommandResult(proc.wait(remaining), *tails)
+                except subprocess.TimeoutExpired:
+                    pass
+            _kill_group(proc)
+            proc.wait()
+            return CommandResult(None, "", "")
+        finally:
+            with _running_lock:
+                _running.discard(proc)
+
+
+def kill_running() -> int:
+    """Kill every command running now, with its children; how many."""
+    with _running_lock:
+        procs = list(_running)
+    for proc in procs:
         _kill_group(proc)
-        proc.wait()
-        return CommandResult(None, "", "")
+    return len(procs)
 
 
 def _read_tails(proc: subprocess.Popen[bytes], deadline: float | None) -> tuple[str, str] | None:

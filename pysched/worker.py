@@ -28,6 +28,7 @@ from pysched.protocols import (
     ScheduleStore,
 )
 from pysched.records import DispatchRecord
+from pysched.shell import kill_running
 from pysched.targets import context_for, run_target
 
 log = logging.getLogger("pysched.worker")
@@ -64,6 +65,7 @@ class WorkerPool:
         # The supervised threads by name, and the supervisor itself.
         self._threads: dict[str, threading.Thread] = {}
         self._supervisor: threading.Thread | None = None
+        self._abandoned = threading.Event()
 
     def start(self, stop: threading.Event) -> None:
         for i in range(self.config.concurrency):
@@ -74,11 +76,29 @@ class WorkerPool:
         )
         self._supervisor.start()
 
-    def join(self, timeout_s: float) -> None:
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the threads to end after the stop, at most ``timeout_s``
+        or until abandon(); whether they all ended."""
         deadline = time.monotonic() + timeout_s
         threads = [*self._threads.values(), *([self._supervisor] if self._supervisor else [])]
         for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            while t.is_alive() and not self._abandoned.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                t.join(min(remaining, 0.1))
+        return not any(t.is_alive() for t in threads)
+
+    def abandon(self) -> None:
+        """Stop now: kill the shell commands running (with their children)
+        and record no outcome from here on. The runs left unfinished keep
+        their claims until the leases run out, then are handed on again."""
+        self._abandoned.set()
+        killed = kill_running()
+        with self._lock:
+            unfinished = len(self._running)
+        if unfinished:
+            log.warning("left %d runs unfinished (%d shell commands killed)", unfinished, killed)
 
     def alive(self) -> list[str]:
         """Names of the worker and heartbeat threads that are running."""
@@ -136,6 +156,8 @@ class WorkerPool:
                     log.exception("worker failed on a dispatch record")
                     self._count("errors")
                     continue
+                if self._abandoned.is_set():
+                    return  # not acknowledged: an unfinished run is delivered again
                 consumer.ack(delivery)
         finally:
             consumer.close()
@@ -200,6 +222,9 @@ class WorkerPool:
             self._running.add(key)
         try:
             outcome = run_target(job, context_for(job, record))
+            if self._abandoned.is_set():
+                log.warning("left %s run_at=%d unfinished: the pool stopped now", record.job_id, record.run_at_ms)
+                return
             end = self.clock.now_ms()
             state = "succeeded" if outcome.succeeded else "failed"
             self.store.run_finished(record, state, outcome.error, outcome.result, end)

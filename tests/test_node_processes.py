@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -138,3 +139,75 @@ def test_a_job_that_exits_fails_its_run_and_not_the_worker(tmp_path: Path, db_pa
         stop_node(node)
     log = (tmp_path / "node.log").read_text()
     assert " ERROR " not in log and "died" not in log, log
+
+
+def _log_says(log: Path, text: str) -> bool:
+    return text in log.read_text()
+
+
+def _signal_storm(node: subprocess.Popen[bytes], seconds: float = 3.0) -> None:
+    """SIGTERM and SIGINT in turn, half a millisecond apart, until the node
+    ends (or for ``seconds``): signals keep coming while it stops."""
+    deadline = time.monotonic() + seconds
+    n = 0
+    # poll() reaps only an ended node: until it does, the pid is still ours.
+    while node.poll() is None and time.monotonic() < deadline:
+        os.kill(node.pid, signal.SIGTERM if n % 2 == 0 else signal.SIGINT)
+        n += 1
+        time.sleep(0.0005)
+
+
+def test_a_storm_of_stop_signals_always_stops_up(tmp_path: Path, db_path: Path) -> None:
+    # A handler that took a lock deadlocked when a second signal came while
+    # the first was handled; a storm makes that overlap likely.
+    for round_ in range(1, 6):
+        log = tmp_path / f"node-{round_}.log"
+        node = start_node(db_path, tmp_path, log)
+        try:
+            wait_for(functools.partial(_log_says, log, " up on "), 20, "the node to be up")
+            _signal_storm(node)
+            try:
+                status = node.wait(20)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"round {round_}: up still running 20 s after a signal storm") from None
+        finally:
+            if node.poll() is None:
+                os.kill(node.pid, signal.SIGKILL)
+                node.wait(5)
+        # The second signal of the storm stops it now: 128 + its number.
+        assert status in (128 + signal.SIGINT, 128 + signal.SIGTERM), (status, log.read_text())
+        assert "Traceback" not in log.read_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_second_signal_stops_now_and_leaves_the_run_to_be_handed_on(tmp_path: Path, db_path: Path) -> None:
+    log = tmp_path / "node.log"
+    node = start_node(db_path, tmp_path, log)
+    shell_pid = None
+    try:
+        cli("add", "long", "--in", "1", "--shell", "echo $$ > started.pid; sleep 60", db=db_path, cwd=tmp_path)
+        started = tmp_path / "started.pid"
+        wait_for(lambda: started.exists() and started.read_text().strip() != "", 20, "the job to start")
+        shell_pid = pid = int(started.read_text())
+        os.kill(node.pid, signal.SIGTERM)
+        wait_for(functools.partial(_log_says, log, "stopping on signal"), 10, "the graceful stop to begin")
+        assert node.poll() is None  # waiting for the running job
+        os.kill(node.pid, signal.SIGINT)
+        assert node.wait(15) == 128 + signal.SIGINT
+        # The job and what it started are killed with the stop, not left behind.
+        wait_for(lambda: not _alive(pid), 10, "the job's shell to be killed")
+    finally:
+        stop_node(node)
+        if shell_pid is not None and _alive(shell_pid):
+            os.killpg(shell_pid, signal.SIGKILL)
+    # Nothing recorded: the run keeps its claim until the lease runs out,
+    # then the next node runs it again.
+    assert [r["state"] for r in cli_json("history", "long", db=db_path)] == ["running"]
+    assert "left 1 runs unfinished (1 shell commands killed)" in log.read_text()
