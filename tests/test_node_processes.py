@@ -101,6 +101,8 @@ def test_standby_takes_over_after_kill_9_with_nothing_lost_or_doubled(tmp_path: 
 
 HOSTILE_JOBS = """
 import sys
+import threading
+import time
 
 
 def exits(ctx):
@@ -113,7 +115,16 @@ def interrupts(ctx):
 
 def behaves(ctx):
     return "still here"
+
+
+def lingers(ctx):
+    # Not a daemon: interpreter shutdown would wait for it.
+    threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
 """
+
+
+def finished(db: Path, job: str) -> bool:
+    return [r["state"] for r in cli_json("history", job, db=db)] in (["succeeded"], ["failed"])
 
 
 def test_a_job_that_exits_fails_its_run_and_not_the_worker(tmp_path: Path, db_path: Path) -> None:
@@ -125,11 +136,8 @@ def test_a_job_that_exits_fails_its_run_and_not_the_worker(tmp_path: Path, db_pa
             cli("add", job, "--in", at, "--python", f"hostile:{job}", db=db_path, cwd=tmp_path)
         cli("add", "after", "--in", "2", "--shell", "touch after.txt", db=db_path, cwd=tmp_path)
 
-        def finished(job: str) -> bool:
-            return [r["state"] for r in cli_json("history", job, db=db_path)] in (["succeeded"], ["failed"])
-
         for job in ("exits", "interrupts", "behaves", "after"):
-            wait_for(functools.partial(finished, job), 20, f"{job} to finish")
+            wait_for(functools.partial(finished, db_path, job), 20, f"{job} to finish")
         runs = {job: cli_json("history", job, db=db_path) for job in ("exits", "interrupts", "behaves")}
         assert [(r["state"], r["error"]) for r in runs["exits"]] == [("failed", "SystemExit: 3")]
         assert [(r["state"], r["error"]) for r in runs["interrupts"]] == [("failed", "KeyboardInterrupt")]
@@ -211,3 +219,18 @@ def test_a_second_signal_stops_now_and_leaves_the_run_to_be_handed_on(tmp_path: 
     # then the next node runs it again.
     assert [r["state"] for r in cli_json("history", "long", db=db_path)] == ["running"]
     assert "left 1 runs unfinished (1 shell commands killed)" in log.read_text()
+
+
+def test_a_thread_a_job_left_running_does_not_keep_up_from_stopping(tmp_path: Path, db_path: Path) -> None:
+    (tmp_path / "hostile.py").write_text(HOSTILE_JOBS)
+    node = start_node(db_path, tmp_path, tmp_path / "node.log")
+    try:
+        cli("add", "lingers", "--in", "1", "--python", "hostile:lingers", db=db_path, cwd=tmp_path)
+        wait_for(functools.partial(finished, db_path, "lingers"), 20, "the run to finish")
+        assert [r["state"] for r in cli_json("history", "lingers", db=db_path)] == ["succeeded"]
+        os.kill(node.pid, signal.SIGTERM)
+        assert node.wait(20) == 0
+    finally:
+        if node.poll() is None:
+            os.kill(node.pid, signal.SIGKILL)
+            node.wait(5)

@@ -65,12 +65,15 @@ def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str
     except BaseException:
         backends.close()
         raise
-    if forced is not None:
-        # Stop now: no waiting for jobs, server drivers or interpreter
-        # shutdown; what the node acknowledged is in the store already.
-        logging.shutdown()
-        os._exit(forced)
-    backends.close()
+    if forced is None:
+        backends.close()
+    # Exit here, whether stopped gracefully or now: interpreter shutdown would
+    # wait for every non-daemon thread, and a job may have left one running
+    # (after a stop now, also for the server drivers). What the node
+    # acknowledged is in the store already.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(forced or 0)
 
 
 def _run_until_stopped(node: Node, signals: StopSignals, lead: bool, work: bool) -> int | None:
