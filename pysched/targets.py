@@ -73,7 +73,10 @@ def run_target(job: Job, ctx: RunContext) -> Outcome:
 
 def _describe(exc: BaseException) -> str:
     """'SystemExit: 3', 'KeyboardInterrupt', 'ValueError: bad x'."""
-    text = str(exc)
+    try:
+        text = str(exc)
+    except BaseException:  # its own __str__ may be as hostile as the job
+        text = "(its message could not be read)"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import tracemalloc
 from collections.abc import Iterator
@@ -143,3 +144,33 @@ def test_python_receives_the_context() -> None:
 def test_python_import_error_fails_the_run() -> None:
     out = run_target(make({"kind": "python", "ref": "no_such_module_here:f"}), CTX)
     assert not out.succeeded and out.error is not None and "ModuleNotFoundError" in out.error
+
+
+class _Unprintable(BaseException):
+    def __str__(self) -> str:
+        raise SystemExit("not even a message")
+
+
+def exits(ctx: RunContext) -> None:
+    sys.exit(3)
+
+
+def interrupts(ctx: RunContext) -> None:
+    raise KeyboardInterrupt
+
+
+def raises_the_unprintable(ctx: RunContext) -> None:
+    raise _Unprintable
+
+
+@pytest.mark.parametrize(
+    ("function", "error"),
+    [
+        ("exits", "SystemExit: 3"),
+        ("interrupts", "KeyboardInterrupt"),
+        ("raises_the_unprintable", "_Unprintable: (its message could not be read)"),
+    ],
+)
+def test_python_base_exceptions_fail_the_run(function: str, error: str) -> None:
+    out = run_target(make({"kind": "python", "ref": f"tests.test_targets:{function}"}), CTX)
+    assert not out.succeeded and out.error == error
