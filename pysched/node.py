@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -21,6 +22,8 @@ from pysched.protocols import Coordinator, Dispatcher, IdempotencyClaims, Lease,
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import SQLiteDatabase
 from pysched.worker import WorkerConfig, WorkerPool
+
+log = logging.getLogger("pysched.node")
 
 
 def node_id() -> str:
@@ -154,5 +157,12 @@ class Node:
                 stop.wait()
         finally:
             stop.set()
-            self.workers.join(drain_s)
+            if not self.workers.join(drain_s):
+                log.warning("jobs still running after %.0f s: stopping without them", drain_s)
+                self.workers.abandon()
             self.backends.dispatcher.close()
+
+    def stop_now(self) -> None:
+        """Stop without waiting for running jobs: their runs are handed on
+        again once their leases run out (another thread calls this)."""
+        self.workers.abandon()

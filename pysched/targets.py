@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from pysched.model import HttpTarget, Job, PythonTarget, ShellTarget
 from pysched.records import DispatchRecord
+from pysched.shell import run_command
 
 _OUTPUT_LIMIT = 4_000
 
@@ -64,8 +64,20 @@ def run_target(job: Job, ctx: RunContext) -> Outcome:
         if isinstance(target, PythonTarget):
             return _run_python(target, ctx)
         return _run_http(target, ctx)
-    except Exception as exc:  # a target's failure is the run's outcome, not the worker's
-        return Outcome(False, error=f"{type(exc).__name__}: {exc}"[:_OUTPUT_LIMIT])
+    except BaseException as exc:
+        # A target's failure is the run's outcome, not the worker's: also
+        # sys.exit(), KeyboardInterrupt or any BaseException it raises, which
+        # would otherwise end the worker thread that runs it.
+        return Outcome(False, error=_describe(exc)[:_OUTPUT_LIMIT])
+
+
+def _describe(exc: BaseException) -> str:
+    """'SystemExit: 3', 'KeyboardInterrupt', 'ValueError: bad x'."""
+    try:
+        text = str(exc)
+    except BaseException:  # its own __str__ may be as hostile as the job
+        text = "(its message could not be read)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _run_shell(target: ShellTarget, ctx: RunContext) -> Outcome:
@@ -79,16 +91,13 @@ def _run_shell(target: ShellTarget, ctx: RunContext) -> Outcome:
         PYSCHED_IDEMPOTENCY_KEY=ctx.idempotency_key,
         PYSCHED_PAYLOAD=json.dumps(ctx.payload),
     )
-    try:
-        proc = subprocess.run(
-            target.command, shell=True, env=env, capture_output=True, text=True, timeout=target.timeout_s
-        )
-    except subprocess.TimeoutExpired:
+    ran = run_command(target.command, env, target.timeout_s)
+    if ran.returncode is None:
         return Outcome(False, error=f"timed out after {target.timeout_s} s")
-    out = proc.stdout.strip()[-_OUTPUT_LIMIT:] or None
-    if proc.returncode != 0:
-        err = proc.stderr.strip()[-_OUTPUT_LIMIT:]
-        return Outcome(False, result=out, error=f"exit status {proc.returncode}" + (f": {err}" if err else ""))
+    out = ran.stdout_tail.strip()[-_OUTPUT_LIMIT:] or None
+    if ran.returncode != 0:
+        err = ran.stderr_tail.strip()[-_OUTPUT_LIMIT:]
+        return Outcome(False, result=out, error=f"exit status {ran.returncode}" + (f": {err}" if err else ""))
     return Outcome(True, result=out)
 
 

@@ -3,14 +3,18 @@ claim, run the target, record the outcome.
 
 One heartbeat per worker pool extends the leases of all its running claims
 every ``heartbeat_ms``; if the pool dies, its claims expire after
-``lease_ms`` and the run is handed on again.
+``lease_ms`` and the run is handed on again. A supervisor replaces any
+worker or heartbeat thread that ends before the stop, and logs it as an error.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pysched import native
@@ -24,6 +28,7 @@ from pysched.protocols import (
     ScheduleStore,
 )
 from pysched.records import DispatchRecord
+from pysched.shell import kill_running
 from pysched.targets import context_for, run_target
 
 log = logging.getLogger("pysched.worker")
@@ -35,6 +40,7 @@ class WorkerConfig:
     lease_ms: int = 30_000
     heartbeat_ms: int = 10_000
     poll_s: float = 0.2
+    supervise_s: float = 1.0
 
 
 class WorkerPool:
@@ -56,21 +62,82 @@ class WorkerPool:
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._running: set[str] = set()
-        self._threads: list[threading.Thread] = []
+        # The supervised threads by name, and the supervisor itself.
+        self._threads: dict[str, threading.Thread] = {}
+        self._supervisor: threading.Thread | None = None
+        self._abandoned = threading.Event()
 
     def start(self, stop: threading.Event) -> None:
         for i in range(self.config.concurrency):
-            consumer = self.dispatcher.consumer()
-            t = threading.Thread(target=self._consume, args=(consumer, stop), name=f"pysched-worker-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        hb = threading.Thread(target=self._heartbeat, args=(stop,), name="pysched-heartbeat", daemon=True)
-        hb.start()
-        self._threads.append(hb)
+            self._start_thread(f"pysched-worker-{i}", stop)
+        self._start_thread("pysched-heartbeat", stop)
+        self._supervisor = threading.Thread(
+            target=self._supervise, args=(stop,), name="pysched-supervisor", daemon=True
+        )
+        self._supervisor.start()
 
-    def join(self, timeout_s: float) -> None:
-        for t in self._threads:
-            t.join(timeout_s)
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the threads to end after the stop, at most ``timeout_s``
+        or until abandon(); whether they all ended."""
+        deadline = time.monotonic() + timeout_s
+        threads = [*self._threads.values(), *([self._supervisor] if self._supervisor else [])]
+        for t in threads:
+            while t.is_alive() and not self._abandoned.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                t.join(min(remaining, 0.1))
+        return not any(t.is_alive() for t in threads)
+
+    def abandon(self) -> None:
+        """Stop now: kill the shell commands running (with their children)
+        and record no outcome from here on. The runs left unfinished keep
+        their claims until the leases run out, then are handed on again."""
+        self._abandoned.set()
+        killed = kill_running()
+        with self._lock:
+            unfinished = len(self._running)
+        if unfinished:
+            log.warning("left %d runs unfinished (%d shell commands killed)", unfinished, killed)
+
+    def alive(self) -> list[str]:
+        """Names of the worker and heartbeat threads that are running."""
+        return sorted(name for name, t in self._threads.items() if t.is_alive())
+
+    def _start_thread(self, name: str, stop: threading.Event) -> None:
+        loop: Callable[[], None]
+        if name == "pysched-heartbeat":
+            loop = functools.partial(self._heartbeat, stop)
+        else:
+            loop = functools.partial(self._consume, self.dispatcher.consumer(), stop)
+        t = threading.Thread(target=self._guarded, args=(name, loop, stop), name=name, daemon=True)
+        self._threads[name] = t
+        t.start()
+
+    def _guarded(self, name: str, loop: Callable[[], None], stop: threading.Event) -> None:
+        try:
+            loop()
+        except BaseException:
+            # Logged here, with its cause; the supervisor replaces the thread.
+            log.exception("%s died", name)
+            return
+        if not stop.is_set():
+            log.error("%s ended before the node stopped", name)
+
+    def _supervise(self, stop: threading.Event) -> None:
+        """A thread that ends before the stop, for whatever reason, is
+        replaced: a pool must not shrink silently until nothing runs."""
+        while not stop.wait(self.config.supervise_s):
+            for name, t in list(self._threads.items()):
+                if t.is_alive() or stop.is_set():
+                    continue
+                log.error("%s is not running: starting a replacement", name)
+                try:
+                    self._start_thread(name, stop)
+                except Exception:
+                    log.exception("could not replace %s, will retry", name)
+                    continue
+                self._count("replaced")
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -89,6 +156,8 @@ class WorkerPool:
                     log.exception("worker failed on a dispatch record")
                     self._count("errors")
                     continue
+                if self._abandoned.is_set():
+                    return  # not acknowledged: an unfinished run is delivered again
                 consumer.ack(delivery)
         finally:
             consumer.close()
@@ -153,6 +222,9 @@ class WorkerPool:
             self._running.add(key)
         try:
             outcome = run_target(job, context_for(job, record))
+            if self._abandoned.is_set():
+                log.warning("left %s run_at=%d unfinished: the pool stopped now", record.job_id, record.run_at_ms)
+                return
             end = self.clock.now_ms()
             state = "succeeded" if outcome.succeeded else "failed"
             self.store.run_finished(record, state, outcome.error, outcome.result, end)

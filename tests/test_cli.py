@@ -159,3 +159,14 @@ def test_job_lifecycle_through_the_cli(db_path: Path) -> None:
 def test_critical_jobs_have_no_jitter(db_path: Path) -> None:
     job = cli_json("add", "payroll", "--cron", "0 9 * * 1-5", "--critical", "--http", "http://127.0.0.1:9/", db=db_path)
     assert job["jitter_ms"] == 0 and job["critical"] is True
+
+
+def test_up_without_workers_on_the_embedded_engine_is_refused(tmp_path: Path, db_path: Path) -> None:
+    # Bounded here: before the refusal, `up --workers 0` served forever.
+    proc = subprocess.run(
+        [*PYSCHED, "up", "--workers", "0", "--db", str(db_path)], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--workers: 0 only makes sense with --config and separate `pysched worker` processes" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not db_path.exists()

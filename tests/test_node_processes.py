@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,7 +20,7 @@ from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
 pytestmark = pytest.mark.slow
 
 
-def test_quick_start_fires_once_within_a_second(tmp_path: Path, db_path: Path) -> None:
+def test_quick_start_fires_once(tmp_path: Path, db_path: Path) -> None:
     node = start_node(db_path, tmp_path, tmp_path / "node.log")
     try:
         cli("add", "demo", "--in", "3", "--shell", "date >> fired.log", db=db_path, cwd=tmp_path)
@@ -121,3 +123,140 @@ def test_ls_tells_the_schedule_and_the_last_run_apart(tmp_path: Path, db_path: P
     finally:
         (tmp_path / "release").touch()
         stop_node(node)
+
+
+HOSTILE_JOBS = """
+import sys
+import threading
+import time
+
+
+def exits(ctx):
+    sys.exit(3)
+
+
+def interrupts(ctx):
+    raise KeyboardInterrupt
+
+
+def behaves(ctx):
+    return "still here"
+
+
+def lingers(ctx):
+    # Not a daemon: interpreter shutdown would wait for it.
+    threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+"""
+
+
+def finished(db: Path, job: str) -> bool:
+    return [r["state"] for r in cli_json("history", job, db=db)] in (["succeeded"], ["failed"])
+
+
+def test_a_job_that_exits_fails_its_run_and_not_the_worker(tmp_path: Path, db_path: Path) -> None:
+    (tmp_path / "hostile.py").write_text(HOSTILE_JOBS)
+    # One worker: had it died, nothing after it would run.
+    node = start_node(db_path, tmp_path, tmp_path / "node.log", "--workers", "1")
+    try:
+        for job, at in (("exits", "1"), ("interrupts", "1"), ("behaves", "2")):
+            cli("add", job, "--in", at, "--python", f"hostile:{job}", db=db_path, cwd=tmp_path)
+        cli("add", "after", "--in", "2", "--shell", "touch after.txt", db=db_path, cwd=tmp_path)
+
+        for job in ("exits", "interrupts", "behaves", "after"):
+            wait_for(functools.partial(finished, db_path, job), 20, f"{job} to finish")
+        runs = {job: cli_json("history", job, db=db_path) for job in ("exits", "interrupts", "behaves")}
+        assert [(r["state"], r["error"]) for r in runs["exits"]] == [("failed", "SystemExit: 3")]
+        assert [(r["state"], r["error"]) for r in runs["interrupts"]] == [("failed", "KeyboardInterrupt")]
+        assert [r["state"] for r in runs["behaves"]] == ["succeeded"]
+        assert (tmp_path / "after.txt").exists()
+    finally:
+        stop_node(node)
+    log = (tmp_path / "node.log").read_text()
+    assert " ERROR " not in log and "died" not in log, log
+
+
+def _log_says(log: Path, text: str) -> bool:
+    return text in log.read_text()
+
+
+def _signal_storm(node: subprocess.Popen[bytes], seconds: float = 3.0) -> None:
+    """SIGTERM and SIGINT in turn, half a millisecond apart, until the node
+    ends (or for ``seconds``): signals keep coming while it stops."""
+    deadline = time.monotonic() + seconds
+    n = 0
+    # poll() reaps only an ended node: until it does, the pid is still ours.
+    while node.poll() is None and time.monotonic() < deadline:
+        os.kill(node.pid, signal.SIGTERM if n % 2 == 0 else signal.SIGINT)
+        n += 1
+        time.sleep(0.0005)
+
+
+def test_a_storm_of_stop_signals_always_stops_up(tmp_path: Path, db_path: Path) -> None:
+    # A handler that took a lock deadlocked when a second signal came while
+    # the first was handled; a storm makes that overlap likely.
+    for round_ in range(1, 6):
+        log = tmp_path / f"node-{round_}.log"
+        node = start_node(db_path, tmp_path, log)
+        try:
+            wait_for(functools.partial(_log_says, log, " up on "), 20, "the node to be up")
+            _signal_storm(node)
+            try:
+                status = node.wait(20)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"round {round_}: up still running 20 s after a signal storm") from None
+        finally:
+            if node.poll() is None:
+                os.kill(node.pid, signal.SIGKILL)
+                node.wait(5)
+        # The second signal of the storm stops it now: 128 + its number.
+        assert status in (128 + signal.SIGINT, 128 + signal.SIGTERM), (status, log.read_text())
+        assert "Traceback" not in log.read_text()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_second_signal_stops_now_and_leaves_the_run_to_be_handed_on(tmp_path: Path, db_path: Path) -> None:
+    log = tmp_path / "node.log"
+    node = start_node(db_path, tmp_path, log)
+    shell_pid = None
+    try:
+        cli("add", "long", "--in", "1", "--shell", "echo $$ > started.pid; sleep 60", db=db_path, cwd=tmp_path)
+        started = tmp_path / "started.pid"
+        wait_for(lambda: started.exists() and started.read_text().strip() != "", 20, "the job to start")
+        shell_pid = pid = int(started.read_text())
+        os.kill(node.pid, signal.SIGTERM)
+        wait_for(functools.partial(_log_says, log, "stopping on signal"), 10, "the graceful stop to begin")
+        assert node.poll() is None  # waiting for the running job
+        os.kill(node.pid, signal.SIGINT)
+        assert node.wait(15) == 128 + signal.SIGINT
+        # The job and what it started are killed with the stop, not left behind.
+        wait_for(lambda: not _alive(pid), 10, "the job's shell to be killed")
+    finally:
+        stop_node(node)
+        if shell_pid is not None and _alive(shell_pid):
+            os.killpg(shell_pid, signal.SIGKILL)
+    # Nothing recorded: the run keeps its claim until the lease runs out,
+    # then the next node runs it again.
+    assert [r["state"] for r in cli_json("history", "long", db=db_path)] == ["running"]
+    assert "left 1 runs unfinished (1 shell commands killed)" in log.read_text()
+
+
+def test_a_thread_a_job_left_running_does_not_keep_up_from_stopping(tmp_path: Path, db_path: Path) -> None:
+    (tmp_path / "hostile.py").write_text(HOSTILE_JOBS)
+    node = start_node(db_path, tmp_path, tmp_path / "node.log")
+    try:
+        cli("add", "lingers", "--in", "1", "--python", "hostile:lingers", db=db_path, cwd=tmp_path)
+        wait_for(functools.partial(finished, db_path, "lingers"), 20, "the run to finish")
+        assert [r["state"] for r in cli_json("history", "lingers", db=db_path)] == ["succeeded"]
+        os.kill(node.pid, signal.SIGTERM)
+        assert node.wait(20) == 0
+    finally:
+        if node.poll() is None:
+            os.kill(node.pid, signal.SIGKILL)
+            node.wait(5)

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pysched.model import Job
 from pysched.targets import RunContext, run_target
+from tests.helpers import wait_for
 
 CTX = RunContext(
     job_id="j",
@@ -87,6 +93,45 @@ def test_shell_timeout() -> None:
     assert not out.succeeded and out.error == "timed out after 0.2 s"
 
 
+def test_shell_output_is_streamed_and_only_its_tail_kept() -> None:
+    # 200 MB on stdout, 50 MB on stderr: the run keeps the last 4,000
+    # characters of each, and the node never holds the rest.
+    command = (
+        "head -c 200000000 /dev/zero | tr '\\0' x; echo; echo out-end;"
+        " (head -c 50000000 /dev/zero | tr '\\0' y; echo; echo err-end) >&2; exit 1"
+    )
+    tracemalloc.start()
+    try:
+        out = run_target(make({"kind": "shell", "command": command}), CTX)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000, f"peak {peak / 1e6:.1f} MB"
+    assert out.result == "x" * 3_992 + "\nout-end"
+    assert out.error == "exit status 1: " + "y" * 3_992 + "\nerr-end"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has ended; its reaping is init's business
+
+
+def test_shell_timeout_kills_the_command_and_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    command = f"sleep 60 & echo $! > {pid_file}; wait"
+    out = run_target(make({"kind": "shell", "command": command, "timeout_s": 0.5}), CTX)
+    assert not out.succeeded and out.error == "timed out after 0.5 s"
+    child = int(pid_file.read_text())
+    try:
+        wait_for(lambda: not _alive(child), 10, "the command's child to be killed")
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
 def test_python_receives_the_context() -> None:
     out = run_target(make({"kind": "python", "ref": "pysched.demo:hello"}), CTX)
     assert out.succeeded and json.loads(out.result or "") == {
@@ -99,3 +144,33 @@ def test_python_receives_the_context() -> None:
 def test_python_import_error_fails_the_run() -> None:
     out = run_target(make({"kind": "python", "ref": "no_such_module_here:f"}), CTX)
     assert not out.succeeded and out.error is not None and "ModuleNotFoundError" in out.error
+
+
+class _Unprintable(BaseException):
+    def __str__(self) -> str:
+        raise SystemExit("not even a message")
+
+
+def exits(ctx: RunContext) -> None:
+    sys.exit(3)
+
+
+def interrupts(ctx: RunContext) -> None:
+    raise KeyboardInterrupt
+
+
+def raises_the_unprintable(ctx: RunContext) -> None:
+    raise _Unprintable
+
+
+@pytest.mark.parametrize(
+    ("function", "error"),
+    [
+        ("exits", "SystemExit: 3"),
+        ("interrupts", "KeyboardInterrupt"),
+        ("raises_the_unprintable", "_Unprintable: (its message could not be read)"),
+    ],
+)
+def test_python_base_exceptions_fail_the_run(function: str, error: str) -> None:
+    out = run_target(make({"kind": "python", "ref": f"tests.test_targets:{function}"}), CTX)
+    assert not out.succeeded and out.error == error

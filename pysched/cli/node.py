@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
+import os
 import sys
 import threading
 import time
@@ -13,12 +13,16 @@ from typing import Annotated
 import typer
 
 from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, JsonOption, cluster_config, echo_json, fail, iso
+from pysched.cli.signals import StopSignals
 from pysched.demo import register_demo_jobs
 from pysched.leader import RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
 from pysched.worker import WorkerConfig
 
 log = logging.getLogger("pysched")
+
+# After a second signal, how long the node may take to let go of its leases.
+_STOP_NOW_S = 3.0
 
 
 def _log_fire(event: RunDispatched) -> None:
@@ -32,7 +36,7 @@ def _log_fire(event: RunDispatched) -> None:
     )
 
 
-WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="Worker threads (0: none).")]
+WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="Worker threads (0 only with --config).")]
 QuietOption = Annotated[bool, typer.Option("--quiet", help="Do not log each fire and run.")]
 
 
@@ -54,19 +58,59 @@ def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str
     # Python targets named module:function resolve against the working directory.
     sys.path.insert(0, str(Path.cwd()))
     node = Node(backends, worker_config=WorkerConfig(concurrency=workers), on_dispatch=None if quiet else _log_fire)
-    stop = threading.Event()
-
-    def _stop(signum: int, _frame: object) -> None:
-        log.info("stopping on signal %d", signum)
-        stop.set()
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    signals = StopSignals()
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
     try:
-        node.run(stop, lead=lead, work=workers > 0)
-    finally:
+        forced = _run_until_stopped(node, signals, lead=lead, work=workers > 0)
+    except BaseException:
         backends.close()
+        raise
+    if forced is None:
+        backends.close()
+    # Exit here, whether stopped gracefully or now: interpreter shutdown would
+    # wait for every non-daemon thread, and a job may have left one running
+    # (after a stop now, also for the server drivers). What the node
+    # acknowledged is in the store already.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(forced or 0)
+
+
+def _run_until_stopped(node: Node, signals: StopSignals, lead: bool, work: bool) -> int | None:
+    """Run the node in a thread while this, the main thread, waits for
+    signals. The first stops gracefully: the leader hands its partitions
+    on, running jobs get ``drain_s`` to finish. The second stops now: running
+    shell jobs are killed and nothing more is recorded, so their runs are
+    handed on again when their leases run out. None after a graceful stop;
+    after a forced one, the exit status (128 + the signal's number)."""
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            node.run(stop, lead=lead, work=work)
+        except BaseException as exc:
+            failures.append(exc)
+
+    running = threading.Thread(target=run, name="pysched-node")
+    running.start()
+    received = 0
+    while running.is_alive():
+        for signum in signals.wait(0.5):
+            received += 1
+            if received == 1:
+                log.info("stopping on signal %d: running jobs may finish; a second signal stops now", signum)
+                stop.set()
+            elif received == 2:
+                log.warning("stopping now on signal %d; unfinished runs are handed on again", signum)
+                node.stop_now()
+                # A moment to hand leadership on cleanly; then go regardless.
+                running.join(_STOP_NOW_S)
+                return 128 + signum
+    running.join()
+    if failures:
+        raise failures[0]
+    return None
 
 
 def up(
@@ -80,7 +124,14 @@ def up(
 
     Embedded (--db): a second `pysched up` on the same database stands by and
     takes over, with a higher fence, when the first stops or dies. Cluster
-    (--config): every node leads its share of the partitions."""
+    (--config): every node leads its share of the partitions.
+
+    Ctrl-C or SIGTERM stops it, letting running jobs finish (up to 10 s); a
+    second one stops it now, and their runs are handed on again."""
+    if workers == 0 and config is None:
+        # The embedded engine hands runs on through a queue inside this
+        # process: with no worker here, nothing would ever run them.
+        fail("--workers: 0 only makes sense with --config and separate `pysched worker` processes")
     backends = _open(db, config)
     if demo:
         register_demo_jobs(backends.store, time.time_ns() // 1_000_000)
@@ -92,7 +143,10 @@ def worker(
     workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Worker threads.")] = 4,
     quiet: QuietOption = False,
 ) -> None:
-    """Run executors only, consuming the cluster's dispatch topic."""
+    """Run executors only, consuming the cluster's dispatch topic.
+
+    Ctrl-C or SIGTERM stops it, letting running jobs finish (up to 10 s); a
+    second one stops it now, and their runs are handed on again."""
     _serve(_open(DEFAULT_DB, config, coordinator=False), workers, quiet, lead=False, where=config)
 
 
