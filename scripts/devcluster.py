@@ -149,8 +149,10 @@ def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
 
 
 def wait_ready(name: str, pid: int, check: Callable[[], bool], timeout_s: float, start: float) -> float:
-    """Seconds from ``start`` (the spawn) until ``check`` passes."""
-    while time.monotonic() - start < timeout_s:
+    """Seconds from ``start`` (the spawn) until ``check`` passes. Checked at
+    least once however late this is called: the servers started after this
+    one (resolving their jars first) may have taken longer than its timeout."""
+    while True:
         if not alive(pid):
             tail = (STATE_DIR / name / "server.log").read_text(errors="replace")[-3000:]
             raise SystemExit(f"services: {name} exited while starting; end of its log:\n{tail}")
@@ -159,6 +161,8 @@ def wait_ready(name: str, pid: int, check: Callable[[], bool], timeout_s: float,
                 return time.monotonic() - start
         except Exception:  # not ready yet: any client error means "try again"
             pass
+        if time.monotonic() - start >= timeout_s:
+            break
         time.sleep(0.3)
     raise SystemExit(f"services: {name} not ready after {timeout_s:.0f} s (log: {STATE_DIR / name / 'server.log'})")
 
