@@ -43,9 +43,11 @@ class EmbeddedBackends(Backends):
 
 
 def open_embedded(
-    path: str | Path, partitions: int = DEFAULT_PARTITIONS, lease_ttl_ms: int = 5_000
+    path: str | Path, partitions: int = DEFAULT_PARTITIONS, lease_ttl_ms: int = 5_000, *, create: bool = True
 ) -> EmbeddedBackends:
-    db = SQLiteDatabase(path)
+    """The embedded engine on one database file; ``create=False`` for a
+    process that only reads (see SQLiteDatabase). Raises DatabaseUnusable."""
+    db = SQLiteDatabase(path, create=create)
     return EmbeddedBackends(
         store=SQLiteScheduleStore(db),
         claims=SQLiteClaims(db),

@@ -15,6 +15,7 @@ from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
 from pysched.protocols import JobRecord, RunRecord, ScheduleStore
 from pysched.stores.sqlite import SQLiteScheduleStore
+from pysched.stores.sqlite_db import DatabaseUnusable, SQLiteDatabase
 
 DbOption = Annotated[
     str,
@@ -54,17 +55,20 @@ def cluster_config(path: str) -> ClusterConfig:
         fail(f"--config: {exc}")
 
 
-def open_store(db: str, config: str | None = None) -> ScheduleStore:
+def open_store(db: str, config: str | None = None, *, writes: bool) -> ScheduleStore:
     """The embedded database, or the cluster's store when --config is given.
-    An unreachable server is an error naming it, not a traceback."""
+    A command that only reads never creates a database file; an unusable
+    file or an unreachable server is an error naming it, not a traceback."""
     try:
         if config is None:
-            return SQLiteScheduleStore(db)
+            return SQLiteScheduleStore(SQLiteDatabase(db, create=writes))
         from pysched.node import open_cluster_store
 
         store, close = open_cluster_store(cluster_config(config))
         atexit.register(close)
         return store
+    except DatabaseUnusable as exc:
+        fail(f"--db {exc}")
     except (OSError, ConnectionError) as exc:
         fail(str(exc))
 

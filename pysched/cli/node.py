@@ -16,6 +16,7 @@ from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, JsonOption, c
 from pysched.demo import register_demo_jobs
 from pysched.leader import RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
+from pysched.stores.sqlite_db import DatabaseUnusable
 from pysched.worker import WorkerConfig
 
 log = logging.getLogger("pysched")
@@ -36,11 +37,13 @@ WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="W
 QuietOption = Annotated[bool, typer.Option("--quiet", help="Do not log each fire and run.")]
 
 
-def _open(db: str, config: str | None, coordinator: bool = True) -> Backends:
+def _open(db: str, config: str | None, coordinator: bool = True, writes: bool = True) -> Backends:
     try:
         if config is None:
-            return open_embedded(db)
+            return open_embedded(db, create=writes)
         return open_cluster(cluster_config(config), coordinator=coordinator)
+    except DatabaseUnusable as exc:
+        fail(f"--db {exc}")
     except (OSError, ConnectionError) as exc:
         fail(str(exc))
 
@@ -98,7 +101,7 @@ def worker(
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Who leads which partitions, with which fence, and the watermarks."""
-    backends = _open(db, config)
+    backends = _open(db, config, writes=False)
     try:
         now = time.time_ns() // 1_000_000
         leaders = backends.coordinator.leaders()
