@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pysched.coord.local import SQLiteLeaseCoordinator
 from pysched.stores.sqlite_db import SCHEMA, SQLiteDatabase
 from tests.helpers import cli, cli_json
 
@@ -137,3 +138,16 @@ def test_a_database_in_a_read_only_directory_is_refused(tmp_path: Path) -> None:
     with read_only(folder):
         refused(cli(*ADD, db=folder / "new.db", check=False), str(folder / "new.db"))
     assert list(folder.iterdir()) == []
+
+
+def test_add_warns_when_no_scheduler_runs_on_the_database(db_path: Path) -> None:
+    proc = cli(*ADD, db=db_path)
+    assert f"pysched up --db {db_path}" in proc.stderr and "warning:" in proc.stderr
+    # A scheduler holding the lease: no warning.
+    db = SQLiteDatabase(db_path)
+    try:
+        SQLiteLeaseCoordinator(db, partitions=1).poll("node-a", time.time_ns() // 1_000_000)
+        quiet = cli("add", "other", "--in", "600", "--shell", "true", db=db_path)
+        assert quiet.stderr == ""
+    finally:
+        db.close()

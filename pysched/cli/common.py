@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shlex
+import time
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
@@ -13,6 +15,7 @@ from pydantic import ValidationError
 
 from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
+from pysched.coord.local import scheduler_seen
 from pysched.protocols import JobRecord, RunRecord, ScheduleStore
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import DatabaseUnusable, SQLiteDatabase
@@ -71,6 +74,16 @@ def open_store(db: str, config: str | None = None, *, writes: bool) -> ScheduleS
         fail(f"--db {exc}")
     except (OSError, ConnectionError) as exc:
         fail(str(exc))
+
+
+def warn_without_scheduler(store: ScheduleStore, db: str) -> None:
+    """A job added where no scheduler runs waits silently: say so."""
+    if isinstance(store, SQLiteScheduleStore) and not scheduler_seen(store.db, time.time_ns() // 1_000_000):
+        typer.echo(
+            f"warning: no scheduler has run on {shlex.quote(db)} in the last minute;"
+            f" the job fires only while `pysched up --db {shlex.quote(db)}` runs",
+            err=True,
+        )
 
 
 def iso(ms: int | None) -> str | None:

@@ -25,6 +25,7 @@ from pysched.cli.common import (
     job_json,
     open_store,
     run_json,
+    warn_without_scheduler,
 )
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord
@@ -138,6 +139,7 @@ def add(
     except JobExists as exc:
         fail(f"id: {exc}")
     _print_job(rec, as_json, "added")
+    warn_without_scheduler(store, db)
 
 
 def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
