@@ -7,7 +7,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pysched.claims.sqlite import SQLiteClaims
@@ -18,6 +18,7 @@ from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.planning import DEFAULT_PARTITIONS
 from pysched.protocols import Coordinator, Dispatcher, IdempotencyClaims, Lease, ScheduleStore
+from pysched.retention import HistoryPruner, Retention
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import SQLiteDatabase
 from pysched.worker import WorkerConfig, WorkerPool
@@ -35,6 +36,9 @@ class Backends:
     coordinator: Coordinator
     dispatcher: Dispatcher
     close: Callable[[], None]
+    # How long the history the node prunes is kept: the cluster's comes
+    # with its configuration.
+    retention: Retention = field(default_factory=Retention, kw_only=True)
 
 
 @dataclass
@@ -92,7 +96,8 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
         redis_client.close()
         session.cluster.shutdown()
 
-    return Backends(CassandraScheduleStore(session, config), claims, coord, dispatcher, close)
+    retention = Retention(days=config.history_days, keep_per_job=config.history_keep)
+    return Backends(CassandraScheduleStore(session, config), claims, coord, dispatcher, close, retention=retention)
 
 
 def open_cluster_store(config: ClusterConfig) -> tuple[ScheduleStore, Callable[[], None]]:
@@ -145,10 +150,21 @@ class Node:
         self.workers = WorkerPool(
             backends.dispatcher, backends.claims, backends.store, self.clock, self.holder, worker_config
         )
+        self.pruner = HistoryPruner(backends.store, self.clock, backends.retention)
 
     def run(self, stop: threading.Event, lead: bool = True, work: bool = True, drain_s: float = 10.0) -> None:
         if work:
             self.workers.start(stop)
+        pruning = None
+        if lead:
+            # Each node prunes the partitions it leads, off the tick thread.
+            pruning = threading.Thread(
+                target=self.pruner.run,
+                args=(lambda: list(self.leader.fences), stop),
+                name="pysched-pruner",
+                daemon=True,
+            )
+            pruning.start()
         try:
             if lead:
                 self.leader.run(stop)
@@ -157,4 +173,6 @@ class Node:
         finally:
             stop.set()
             self.workers.join(drain_s)
+            if pruning is not None:
+                pruning.join(drain_s)
             self.backends.dispatcher.close()

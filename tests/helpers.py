@@ -30,9 +30,9 @@ def cli_json(*args: str, db: Path) -> Any:
     return json.loads(cli(*args, "--json", db=db).stdout)
 
 
-def start_node(db: Path, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_node(db: Path, cwd: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen([*PYSCHED, "up", "--db", str(db)], cwd=cwd, stdout=out, stderr=out)
+        return subprocess.Popen([*PYSCHED, "up", "--db", str(db), *args], cwd=cwd, stdout=out, stderr=out)
 
 
 def stop_node(proc: subprocess.Popen[bytes]) -> None:

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -78,13 +79,30 @@ def up(
     workers: WorkersOption = 4,
     demo: Annotated[bool, typer.Option("--demo", help="Register a few demo jobs that fire within seconds.")] = False,
     quiet: QuietOption = False,
+    history_days: Annotated[
+        int | None,
+        typer.Option("--history-days", min=0, max=36_500, help="Days finished runs are kept (default 7; 0: no limit)."),
+    ] = None,
+    history_keep: Annotated[
+        int | None,
+        typer.Option(
+            "--history-keep", min=0, max=10_000_000, help="Finished runs kept per job (default 1000; 0: no limit)."
+        ),
+    ] = None,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
     Embedded (--db): a second `pysched up` on the same database stands by and
     takes over, with a higher fence, when the first stops or dies. Cluster
-    (--config): every node leads its share of the partitions."""
+    (--config): every node leads its share of the partitions. Each prunes
+    the history of what it leads (--history-days, --history-keep; on the
+    cluster also history_days, history_keep in the configuration)."""
     backends = _open(db, config)
+    backends.retention = replace(
+        backends.retention,
+        days=backends.retention.days if history_days is None else history_days,
+        keep_per_job=backends.retention.keep_per_job if history_keep is None else history_keep,
+    )
     if demo:
         register_demo_jobs(backends.store, time.time_ns() // 1_000_000)
     _serve(backends, workers, quiet, lead=True, where=config or db)
