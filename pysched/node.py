@@ -20,7 +20,7 @@ from pysched.planning import DEFAULT_PARTITIONS
 from pysched.protocols import Coordinator, Dispatcher, IdempotencyClaims, Lease, ScheduleStore
 from pysched.retention import HistoryPruner, Retention
 from pysched.stores.sqlite import SQLiteScheduleStore
-from pysched.stores.sqlite_db import SQLiteDatabase
+from pysched.stores.sqlite_db import Access, SQLiteDatabase
 from pysched.worker import WorkerConfig, WorkerPool
 
 
@@ -47,11 +47,14 @@ class EmbeddedBackends(Backends):
 
 
 def open_embedded(
-    path: str | Path, partitions: int = DEFAULT_PARTITIONS, lease_ttl_ms: int = 5_000, *, create: bool = True
+    path: str | Path,
+    partitions: int = DEFAULT_PARTITIONS,
+    lease_ttl_ms: int = 5_000,
+    *,
+    access: Access = "create",
 ) -> EmbeddedBackends:
-    """The embedded engine on one database file; ``create=False`` for a
-    process that only reads (see SQLiteDatabase). Raises DatabaseUnusable."""
-    db = SQLiteDatabase(path, create=create)
+    """The embedded engine on one database file. Raises DatabaseUnusable."""
+    db = SQLiteDatabase(path, access=access)
     return EmbeddedBackends(
         store=SQLiteScheduleStore(db),
         claims=SQLiteClaims(db),

@@ -39,8 +39,8 @@ def test_a_name_that_is_no_file_is_refused(tmp_path: Path, name: str, args: tupl
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", READS, ids=lambda a: a[0])
-def test_reading_a_missing_file_creates_nothing(tmp_path: Path, args: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("args", [*READS, *WRITES[1:]], ids=lambda a: a[0])
+def test_only_add_and_up_create_a_database(tmp_path: Path, args: tuple[str, ...]) -> None:
     misspelt = tmp_path / "pysched.bd"
     refused(cli(*args, db=misspelt, check=False), str(misspelt))
     assert list(tmp_path.iterdir()) == []

@@ -18,7 +18,7 @@ from pysched.config import load as load_config
 from pysched.coord.local import scheduler_seen
 from pysched.protocols import JobRecord, RunRecord, ScheduleStore
 from pysched.stores.sqlite import SQLiteScheduleStore
-from pysched.stores.sqlite_db import DatabaseUnusable, SQLiteDatabase
+from pysched.stores.sqlite_db import Access, DatabaseUnusable, SQLiteDatabase
 
 DbOption = Annotated[
     str,
@@ -58,13 +58,14 @@ def cluster_config(path: str) -> ClusterConfig:
         fail(f"--config: {exc}")
 
 
-def open_store(db: str, config: str | None = None, *, writes: bool) -> ScheduleStore:
+def open_store(db: str, config: str | None = None, *, access: Access) -> ScheduleStore:
     """The embedded database, or the cluster's store when --config is given.
-    A command that only reads never creates a database file; an unusable
-    file or an unreachable server is an error naming it, not a traceback."""
+    Only a command that can start a database (access "create") makes a
+    file; an unusable file or an unreachable server is an error naming it,
+    not a traceback."""
     try:
         if config is None:
-            return SQLiteScheduleStore(SQLiteDatabase(db, create=writes))
+            return SQLiteScheduleStore(SQLiteDatabase(db, access=access))
         from pysched.node import open_cluster_store
 
         store, close = open_cluster_store(cluster_config(config))

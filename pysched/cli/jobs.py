@@ -133,7 +133,7 @@ def add(
         job = Job.model_validate(spec)
     except ValidationError as exc:
         fail_validation(exc)
-    store = open_store(db, config, writes=True)
+    store = open_store(db, config, access="create")
     try:
         rec = register(store, job, _now_ms())
     except JobExists as exc:
@@ -144,7 +144,7 @@ def add(
 
 def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """List jobs."""
-    records = open_store(db, config, writes=False).list_jobs()
+    records = open_store(db, config, access="read").list_jobs()
     if as_json:
         echo_json([job_json(r) for r in records])
         return
@@ -161,7 +161,7 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Show one job."""
-    store = open_store(db, config, writes=False)
+    store = open_store(db, config, access="read")
     try:
         rec = store.get_job(job_id)
     except JobNotFound as exc:
@@ -185,7 +185,7 @@ def history(
 ) -> None:
     """Runs of a job, newest first, with their fire lag."""
     try:
-        runs = open_store(db, config, writes=False).history(job_id, limit)
+        runs = open_store(db, config, access="read").history(job_id, limit)
     except JobNotFound as exc:
         fail(str(exc), 1)
     if as_json:
@@ -214,7 +214,7 @@ def cancel(
 ) -> None:
     """Cancel a job's pending runs; its history stays."""
     try:
-        rec = open_store(db, config, writes=True).cancel_job(job_id, _now_ms())
+        rec = open_store(db, config, access="write").cancel_job(job_id, _now_ms())
     except JobNotFound as exc:
         fail(str(exc), 1)
     except JobNotActive as exc:
@@ -241,7 +241,7 @@ def reschedule_cmd(
     except ValidationError as exc:
         fail_validation(exc)
     try:
-        rec = reschedule(open_store(db, config, writes=True), job_id, schedule, _now_ms())
+        rec = reschedule(open_store(db, config, access="write"), job_id, schedule, _now_ms())
     except JobNotFound as exc:
         fail(str(exc), 1)
     except JobNotActive as exc:

@@ -17,7 +17,7 @@ from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, JsonOption, c
 from pysched.demo import register_demo_jobs
 from pysched.leader import RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
-from pysched.stores.sqlite_db import DatabaseUnusable
+from pysched.stores.sqlite_db import Access, DatabaseUnusable
 from pysched.worker import WorkerConfig
 
 log = logging.getLogger("pysched")
@@ -38,10 +38,10 @@ WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="W
 QuietOption = Annotated[bool, typer.Option("--quiet", help="Do not log each fire and run.")]
 
 
-def _open(db: str, config: str | None, coordinator: bool = True, writes: bool = True) -> Backends:
+def _open(db: str, config: str | None, coordinator: bool = True, access: Access = "create") -> Backends:
     try:
         if config is None:
-            return open_embedded(db, create=writes)
+            return open_embedded(db, access=access)
         return open_cluster(cluster_config(config), coordinator=coordinator)
     except DatabaseUnusable as exc:
         fail(f"--db {exc}")
@@ -119,7 +119,7 @@ def worker(
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Who leads which partitions, with which fence, and the watermarks."""
-    backends = _open(db, config, writes=False)
+    backends = _open(db, config, access="read")
     try:
         now = time.time_ns() // 1_000_000
         leaders = backends.coordinator.leaders()

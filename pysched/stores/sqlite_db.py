@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Literal
 
 # "psch": what `file` and `sqlite3` show for a pysched database.
 APPLICATION_ID = 0x70736368
@@ -83,12 +84,14 @@ class DatabaseUnusable(OSError):
         self.reason = reason
 
 
-class SQLiteDatabase:
-    """``create=True`` (commands that write): the file is created, mode
-    0600, if missing, and must be writable. ``create=False`` (commands that
-    only read): the file must exist already; nothing is created or marked."""
+# What a process does with the database: only read it (the file must
+# exist; nothing is created or marked), change what is in it (it must exist
+# and be writable), or also start one (created, mode 0600, if missing).
+Access = Literal["read", "write", "create"]
 
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+
+class SQLiteDatabase:
+    def __init__(self, path: str | Path, *, access: Access = "create") -> None:
         self.path = os.fspath(path)
         self._local = threading.local()
         if not self.path:
@@ -98,9 +101,9 @@ class SQLiteDatabase:
         # mode=rw: SQLite never creates the file itself, so only the code
         # below decides whether a database comes into being, and with what mode.
         self._uri = Path(self.path).absolute().as_uri() + "?mode=rw"
-        created = _create(self.path) if create else _require(self.path)
+        created = _create(self.path) if access == "create" else _require(self.path)
         try:
-            self._prepare(writable=create)
+            self._prepare(access)
         except DatabaseUnusable:
             self.close()
             if created:
@@ -109,13 +112,13 @@ class SQLiteDatabase:
                         Path(self.path + suffix).unlink()
             raise
 
-    def _prepare(self, writable: bool) -> None:
+    def _prepare(self, access: Access) -> None:
         try:
             conn = self.connection()
             empty = _identify(self.path, conn)
-            if not writable:
-                if empty:
-                    raise DatabaseUnusable(self.path, "not a pysched database (it holds no tables)")
+            if empty and access != "create":
+                raise DatabaseUnusable(self.path, "not a pysched database (it holds no tables)")
+            if access == "read":
                 return
             # Only now that the file is known to be ours (or empty): WAL is
             # a mark in the file's header, which stays.
@@ -183,7 +186,7 @@ def _create(path: str) -> bool:
 
 def _require(path: str) -> bool:
     if not Path(path).exists():
-        raise DatabaseUnusable(path, "no such file (a command that writes, such as add or up, creates it)")
+        raise DatabaseUnusable(path, "no such file (add or up creates it)")
     if Path(path).is_dir():
         raise DatabaseUnusable(path, "is a directory")
     return False
