@@ -9,6 +9,8 @@
     topic = "pysched-dispatch"
     partitions = 64
     kafka_partitions = 16
+    history_days = 7                # finished runs older than this are pruned (0: never)
+    history_keep = 1000             # and those beyond a job's newest 1000 (0: no limit)
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
 """
@@ -39,6 +41,10 @@ class ClusterConfig(BaseModel):
     kafka_partitions: int = Field(default=16, ge=1, le=1024)
     replication_factor: int = Field(default=1, ge=1)
     lease_ttl_s: int = Field(default=10, ge=2, le=300)
+    history_days: int = Field(default=7, ge=0, le=36_500, description="days finished runs are kept; 0: no limit")
+    history_keep: int = Field(
+        default=1_000, ge=0, le=10_000_000, description="finished runs kept per job at most; 0: no limit"
+    )
 
 
 def load(path: str | Path | None) -> ClusterConfig:

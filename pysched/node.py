@@ -8,7 +8,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pysched.claims.sqlite import SQLiteClaims
@@ -19,8 +19,9 @@ from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.planning import DEFAULT_PARTITIONS
 from pysched.protocols import Coordinator, Dispatcher, IdempotencyClaims, Lease, ScheduleStore
+from pysched.retention import HistoryPruner, Retention
 from pysched.stores.sqlite import SQLiteScheduleStore
-from pysched.stores.sqlite_db import SQLiteDatabase
+from pysched.stores.sqlite_db import Access, SQLiteDatabase
 from pysched.worker import WorkerConfig, WorkerPool
 
 log = logging.getLogger("pysched.node")
@@ -38,6 +39,9 @@ class Backends:
     coordinator: Coordinator
     dispatcher: Dispatcher
     close: Callable[[], None]
+    # How long the history the node prunes is kept: the cluster's comes
+    # with its configuration.
+    retention: Retention = field(default_factory=Retention, kw_only=True)
 
 
 @dataclass
@@ -46,9 +50,14 @@ class EmbeddedBackends(Backends):
 
 
 def open_embedded(
-    path: str | Path, partitions: int = DEFAULT_PARTITIONS, lease_ttl_ms: int = 5_000
+    path: str | Path,
+    partitions: int = DEFAULT_PARTITIONS,
+    lease_ttl_ms: int = 5_000,
+    *,
+    access: Access = "create",
 ) -> EmbeddedBackends:
-    db = SQLiteDatabase(path)
+    """The embedded engine on one database file. Raises DatabaseUnusable."""
+    db = SQLiteDatabase(path, access=access)
     return EmbeddedBackends(
         store=SQLiteScheduleStore(db),
         claims=SQLiteClaims(db),
@@ -93,7 +102,8 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
         redis_client.close()
         session.cluster.shutdown()
 
-    return Backends(CassandraScheduleStore(session, config), claims, coord, dispatcher, close)
+    retention = Retention(days=config.history_days, keep_per_job=config.history_keep)
+    return Backends(CassandraScheduleStore(session, config), claims, coord, dispatcher, close, retention=retention)
 
 
 def open_cluster_store(config: ClusterConfig) -> tuple[ScheduleStore, Callable[[], None]]:
@@ -146,10 +156,21 @@ class Node:
         self.workers = WorkerPool(
             backends.dispatcher, backends.claims, backends.store, self.clock, self.holder, worker_config
         )
+        self.pruner = HistoryPruner(backends.store, self.clock, backends.retention)
 
     def run(self, stop: threading.Event, lead: bool = True, work: bool = True, drain_s: float = 10.0) -> None:
         if work:
             self.workers.start(stop)
+        pruning = None
+        if lead:
+            # Each node prunes the partitions it leads, off the tick thread.
+            pruning = threading.Thread(
+                target=self.pruner.run,
+                args=(lambda: list(self.leader.fences), stop),
+                name="pysched-pruner",
+                daemon=True,
+            )
+            pruning.start()
         try:
             if lead:
                 self.leader.run(stop)
@@ -160,6 +181,8 @@ class Node:
             if not self.workers.join(drain_s):
                 log.warning("jobs still running after %.0f s: stopping without them", drain_s)
                 self.workers.abandon()
+            if pruning is not None:
+                pruning.join(drain_s)
             self.backends.dispatcher.close()
 
     def stop_now(self) -> None:

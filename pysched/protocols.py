@@ -7,7 +7,7 @@ backend module is imported only where a node is assembled.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -162,6 +162,18 @@ class ScheduleStore(Protocol):
 
     def watermarks(self) -> dict[int, int]:
         """Per partition, the latest due time handed on."""
+        ...
+
+    def prune_history(
+        self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
+    ) -> int:
+        """Delete, with their idempotency claims, up to ``limit`` finished
+        runs (succeeded, failed, cancelled) of the jobs of ``partitions``
+        that ended before ``finished_before_ms`` or have ``keep_per_job``
+        newer finished runs of their job (None: no such limit), a job's
+        oldest first. A scheduled, dispatched or running run is never
+        deleted, nor a job's newest finished run. Returns how many were
+        deleted: fewer than ``limit`` when none is left."""
         ...
 
 

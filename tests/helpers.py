@@ -15,8 +15,12 @@ from typing import Any
 PYSCHED = [sys.executable, "-m", "pysched"]
 
 
-def cli(*args: str, db: Path, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*PYSCHED, *args, "--db", str(db)], capture_output=True, text=True, timeout=60, cwd=cwd)
+def cli(
+    *args: str, db: Path | str, cwd: Path | None = None, check: bool = True, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [*PYSCHED, *args, "--db", str(db)], capture_output=True, text=True, timeout=timeout_s, cwd=cwd
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"pysched {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
     return proc

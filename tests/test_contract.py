@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -329,3 +330,65 @@ def test_leadership_and_fences(backend: Backend) -> None:
     # The new fences are published: dispatches under the old ones are rejected.
     row = (1, "job", T0, T0, 3, 1, 0)
     assert backend.claims.claim(record(row, a[3]), "w", T0, 1_000).outcome is ClaimOutcome.FENCED
+
+
+def _claim_exists(backend: Backend, key: str) -> bool:
+    """Whether the claim's row is still stored (on the cluster, Redis keeps
+    its own 'done' marker for a week whatever happens here)."""
+    store: Any = backend.store
+    if backend.name == "sqlite":
+        return store.db.connection().execute("SELECT 1 FROM claims WHERE idem_key = ?", (key,)).fetchone() is not None
+    query = f"SELECT idem_key FROM {store.keyspace}.claims WHERE idem_key = %s"
+    return store.session.execute(query, (key,)).one() is not None
+
+
+def test_prune_history_drops_old_finished_runs_only(backend: Backend) -> None:
+    for job_id, partition in (("every-10s", 0), ("all-done", 1), ("elsewhere", 2)):
+        backend.store.add_job(cron_job(job_id), partition, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    keys: dict[int, str] = {}
+    handled: set[tuple[str, int]] = set()
+    # Runs 1..6 of each job, ten seconds apart, succeeded a second after
+    # their time; but for every-10s and elsewhere, run 1 is still running
+    # and run 2 was sent but not started.
+    for k in range(1, 7):
+        now = T0 + 10_000 * k
+        sent, _ = dispatch(backend, T0 + 60_000 * 60, 1, now)
+        for row in sent:
+            # A store may send a run again while its watermark trails.
+            if (row[1], row[2]) in handled:
+                continue
+            handled.add((row[1], row[2]))
+            if k == 2 and row[1] != "all-done":
+                continue
+            rec = record(row, 1)
+            backend.claims.claim(rec, "w1", now, 3_600_000)  # run 1 stays running
+            backend.store.run_started(rec, "w1", now)
+            if k >= 3 or row[1] == "all-done":
+                backend.claims.complete(rec.idempotency_key, "w1", True, None, now + 1_000)
+                backend.store.run_finished(rec, "succeeded", None, None, now + 1_000)
+            if row[1] == "every-10s":
+                keys[k] = rec.idempotency_key
+
+    def runs(job_id: str = "every-10s") -> list[int]:
+        return [(r.run_at_ms - T0) // 10_000 for r in backend.store.history(job_id, 100)]
+
+    assert runs() == runs("all-done") == runs("elsewhere") == [6, 5, 4, 3, 2, 1]
+    # By age: runs 3 and 4 ended before T0 + 50 s; the limit takes the
+    # oldest first; only the partitions given are pruned.
+    assert backend.store.prune_history([0], T0 + 50_000, None, 1) == 1
+    assert runs() == [6, 5, 4, 2, 1]
+    assert backend.store.prune_history([0, 3], T0 + 50_000, None, 100) == 1
+    assert runs() == [6, 5, 2, 1]
+    assert runs("all-done") == runs("elsewhere") == [6, 5, 4, 3, 2, 1]
+    assert not _claim_exists(backend, keys[3]) and not _claim_exists(backend, keys[4])
+    assert _claim_exists(backend, keys[5])
+    assert backend.store.prune_history([1], T0 + 50_000, None, 100) == 4
+    assert runs("all-done") == [6, 5]
+    # By count: one finished run kept per job.
+    assert backend.store.prune_history([0, 1], None, 1, 100) == 2
+    assert runs() == [6, 2, 1] and runs("all-done") == [6]
+    # The newest finished run stays whatever the limits; then nothing is left.
+    everything = [0, 1, 2, 3]
+    assert backend.store.prune_history(everything, T0 + 10**9, 1, 100) == 3
+    assert runs() == [6, 2, 1] and runs("elsewhere") == [6, 2, 1] and runs("all-done") == [6]
+    assert backend.store.prune_history(everything, T0 + 10**9, 1, 100) == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shlex
+import time
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
@@ -13,8 +15,10 @@ from pydantic import ValidationError
 
 from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
+from pysched.coord.local import scheduler_seen
 from pysched.protocols import JobRecord, RunRecord, ScheduleStore
 from pysched.stores.sqlite import SQLiteScheduleStore
+from pysched.stores.sqlite_db import Access, DatabaseUnusable, SQLiteDatabase
 
 DbOption = Annotated[
     str,
@@ -90,19 +94,33 @@ def cluster_config(path: str) -> ClusterConfig:
         fail(f"--config: {exc}")
 
 
-def open_store(db: str, config: str | None = None) -> ScheduleStore:
+def open_store(db: str, config: str | None = None, *, access: Access) -> ScheduleStore:
     """The embedded database, or the cluster's store when --config is given.
-    An unreachable server is an error naming it, not a traceback."""
+    Only a command that can start a database (access "create") makes a
+    file; an unusable file or an unreachable server is an error naming it,
+    not a traceback."""
     try:
         if config is None:
-            return SQLiteScheduleStore(db)
+            return SQLiteScheduleStore(SQLiteDatabase(db, access=access))
         from pysched.node import open_cluster_store
 
         store, close = open_cluster_store(cluster_config(config))
         atexit.register(close)
         return store
+    except DatabaseUnusable as exc:
+        fail(f"--db {exc}")
     except (OSError, ConnectionError) as exc:
         fail(str(exc))
+
+
+def warn_without_scheduler(store: ScheduleStore, db: str) -> None:
+    """A job added where no scheduler runs waits silently: say so."""
+    if isinstance(store, SQLiteScheduleStore) and not scheduler_seen(store.db, time.time_ns() // 1_000_000):
+        typer.echo(
+            f"warning: no scheduler has run on {shlex.quote(db)} in the last minute;"
+            f" the job fires only while `pysched up --db {shlex.quote(db)}` runs",
+            err=True,
+        )
 
 
 def iso(ms: int | None) -> str | None:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pysched import cron
-from pysched.admission import MAX_AHEAD_MS, MAX_AHEAD_YEARS, PAYLOAD_LIMIT_BYTES, JobRejected
+from pysched.admission import MAX_AHEAD_MS, MAX_AHEAD_YEARS, PAYLOAD_LIMIT_BYTES, JobRejected, admit
 from pysched.cli.common import (
     DEFAULT_DB,
     EXIT_NO_SUCH_JOB,
@@ -32,6 +32,7 @@ from pysched.cli.common import (
     job_json,
     open_store,
     run_json,
+    warn_without_scheduler,
 )
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
@@ -182,21 +183,27 @@ def add(
         spec["payload"] = _payload(payload)
     try:
         job = Job.model_validate(spec)
+        # Before the database is opened: a refused job creates no file.
+        admit(job, _now_ms())
     except ValidationError as exc:
         fail_validation(exc)
+    except JobRejected as exc:
+        fail(f"{flag_for(exc.field)}: {exc.message}")
+    store = open_store(db, config, access="create")
     try:
-        rec = register(open_store(db, config), job, _now_ms())
+        rec = register(store, job, _now_ms())
     except JobRejected as exc:
         fail(f"{flag_for(exc.field)}: {exc.message}")
     except JobExists as exc:
         fail(f"id: {exc}")
     _print_job(rec, as_json, "added")
+    warn_without_scheduler(store, db)
 
 
 def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """List jobs: the schedule's state (active, completed: no runs to come,
     cancelled) and, apart from it, how the last run handed on went."""
-    store = open_store(db, config)
+    store = open_store(db, config, access="read")
     records = store.list_jobs()
     last = store.last_runs([r.job.id for r in records])
     if as_json:
@@ -227,7 +234,7 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Show one job."""
-    store = open_store(db, config)
+    store = open_store(db, config, access="read")
     try:
         rec = store.get_job(job_id)
     except JobNotFound as exc:
@@ -250,7 +257,7 @@ def history(
 ) -> None:
     """Runs of a job, newest first, with their fire lag."""
     try:
-        runs = open_store(db, config).history(job_id, limit)
+        runs = open_store(db, config, access="read").history(job_id, limit)
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     if as_json:
@@ -279,7 +286,7 @@ def cancel(
 ) -> None:
     """Cancel a job's pending runs; its history stays."""
     try:
-        rec = open_store(db, config).cancel_job(job_id, _now_ms())
+        rec = open_store(db, config, access="write").cancel_job(job_id, _now_ms())
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     except JobNotActive as exc:
@@ -299,7 +306,7 @@ def reschedule_cmd(
 ) -> None:
     """Give a job a new schedule; pending runs are replaced. A new --cron
     keeps the job's time zone unless --tz is given."""
-    store = open_store(db, config)
+    store = open_store(db, config, access="write")
     try:
         current = store.get_job(job_id).job.schedule
     except JobNotFound as exc:

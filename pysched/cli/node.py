@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,7 @@ from pysched.cli.signals import StopSignals
 from pysched.demo import register_demo_jobs
 from pysched.leader import RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
+from pysched.stores.sqlite_db import Access, DatabaseUnusable
 from pysched.worker import WorkerConfig
 
 log = logging.getLogger("pysched")
@@ -40,11 +42,13 @@ WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="W
 QuietOption = Annotated[bool, typer.Option("--quiet", help="Do not log each fire and run.")]
 
 
-def _open(db: str, config: str | None, coordinator: bool = True) -> Backends:
+def _open(db: str, config: str | None, coordinator: bool = True, access: Access = "create") -> Backends:
     try:
         if config is None:
-            return open_embedded(db)
+            return open_embedded(db, access=access)
         return open_cluster(cluster_config(config), coordinator=coordinator)
+    except DatabaseUnusable as exc:
+        fail(f"--db {exc}")
     except (OSError, ConnectionError) as exc:
         fail(str(exc))
 
@@ -119,12 +123,24 @@ def up(
     workers: WorkersOption = 4,
     demo: Annotated[bool, typer.Option("--demo", help="Register a few demo jobs that fire within seconds.")] = False,
     quiet: QuietOption = False,
+    history_days: Annotated[
+        int | None,
+        typer.Option("--history-days", min=0, max=36_500, help="Days finished runs are kept (default 7; 0: no limit)."),
+    ] = None,
+    history_keep: Annotated[
+        int | None,
+        typer.Option(
+            "--history-keep", min=0, max=10_000_000, help="Finished runs kept per job (default 1000; 0: no limit)."
+        ),
+    ] = None,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
     Embedded (--db): a second `pysched up` on the same database stands by and
     takes over, with a higher fence, when the first stops or dies. Cluster
-    (--config): every node leads its share of the partitions.
+    (--config): every node leads its share of the partitions. Each prunes
+    the history of what it leads (--history-days, --history-keep; on the
+    cluster also history_days, history_keep in the configuration).
 
     Ctrl-C or SIGTERM stops it, letting running jobs finish (up to 10 s); a
     second one stops it now, and their runs are handed on again."""
@@ -133,6 +149,11 @@ def up(
         # process: with no worker here, nothing would ever run them.
         fail("--workers: 0 only makes sense with --config and separate `pysched worker` processes")
     backends = _open(db, config)
+    backends.retention = replace(
+        backends.retention,
+        days=backends.retention.days if history_days is None else history_days,
+        keep_per_job=backends.retention.keep_per_job if history_keep is None else history_keep,
+    )
     if demo:
         register_demo_jobs(backends.store, time.time_ns() // 1_000_000)
     _serve(backends, workers, quiet, lead=True, where=config or db)
@@ -152,7 +173,7 @@ def worker(
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Who leads which partitions, with which fence, and the watermarks."""
-    backends = _open(db, config)
+    backends = _open(db, config, access="read")
     try:
         now = time.time_ns() // 1_000_000
         leaders = backends.coordinator.leaders()

@@ -14,6 +14,16 @@ from pysched.protocols import Lease
 from pysched.stores.sqlite_db import SQLiteDatabase
 
 LEASE_NAME = "scheduler"
+# A scheduler renews its lease every second or so: one not renewed for this
+# long is gone, not slow.
+SEEN_WITHIN_MS = 60_000
+
+
+def scheduler_seen(db: SQLiteDatabase, now_ms: int, within_ms: int = SEEN_WITHIN_MS) -> bool:
+    """Whether a scheduler held the lease of this database lately (one that
+    stopped cleanly gave it up, and counts as gone)."""
+    row = db.connection().execute("SELECT expires_at_ms FROM leases WHERE name = ?", (LEASE_NAME,)).fetchone()
+    return row is not None and int(row[0]) >= now_ms - within_ms
 
 
 class SQLiteLeaseCoordinator:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from cassandra import ConsistencyLevel
@@ -60,6 +60,9 @@ SETTLE_MS = 10_000
 WATERMARK_STEP_MS = 5_000
 # A registration that died half-way holds its id this long.
 REGISTERING_GRACE_MS = 60_000
+_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+# Jobs whose runs one pruning step reads at once.
+_PRUNE_READ_JOBS = 256
 
 
 class BackendUnavailable(ConnectionError):
@@ -71,6 +74,26 @@ def run_id_for(job_id: str, run_at_ms: int, attempt_group: int) -> int:
     same run twice (after a failover) yields the same handle and rows."""
     digest = hashlib.sha256(idempotency_key(job_id, run_at_ms, attempt_group).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def prunable(
+    runs: Sequence[tuple[int, int, str, int | None]], finished_before_ms: int | None, keep: int | None, limit: int
+) -> set[int]:
+    """Of one job's runs, newest first as (run_at_ms, attempt_group, state,
+    ended_at_ms), the positions of at most ``limit`` that go, oldest first
+    (see ScheduleStore.prune_history)."""
+    out: list[int] = []
+    newer = 0
+    for i, (run_at_ms, _, state, ended_at_ms) in enumerate(runs):
+        if state not in _FINISHED:
+            continue
+        newer += 1
+        ended = run_at_ms if ended_at_ms is None else ended_at_ms
+        if newer > 1 and (
+            (keep is not None and newer > keep) or (finished_before_ms is not None and ended < finished_before_ms)
+        ):
+            out.append(i)
+    return set(out[-limit:]) if limit > 0 else set()
 
 
 def connect(config: ClusterConfig) -> Session:
@@ -139,7 +162,7 @@ class CassandraScheduleStore:
     def __init__(self, session: Session, config: ClusterConfig) -> None:
         self.session = session
         self.partitions = config.partitions
-        ks = config.keyspace
+        self.keyspace = ks = config.keyspace
         p = session.prepare
         self._insert_job = p(
             f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
@@ -220,6 +243,12 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.runs SET state = ?, ended_at_ms = ?, error = ?, result = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
+        self._job_partitions = p(f"SELECT job_id, partition FROM {ks}.jobs")
+        self._run_ends = p(f"SELECT run_at_ms, attempt_group, state, ended_at_ms FROM {ks}.runs WHERE job_id = ?")
+        self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms >= ? AND run_at_ms <= ?")
+        self._delete_runs_through = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms <= ?")
+        self._delete_run = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?")
+        self._delete_claim = p(f"DELETE FROM {ks}.claims WHERE idem_key = ?")
         self._wm_cache: dict[int, int] = {}
 
     # -- registration ---------------------------------------------------------
@@ -505,6 +534,73 @@ class CassandraScheduleStore:
             self._run_finished,
             (state, now_ms, error, result, record.job_id, record.run_at_ms, record.attempt_group),
         )
+
+    # -- retention ------------------------------------------------------------
+
+    def prune_history(
+        self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
+    ) -> int:
+        wanted = set(partitions)
+        if not wanted or limit <= 0:
+            return 0
+        job_ids = [r.job_id for r in self.session.execute(self._job_partitions) if r.partition in wanted]
+        deleted = 0
+        for start in range(0, len(job_ids), _PRUNE_READ_JOBS):
+            chunk = job_ids[start : start + _PRUNE_READ_JOBS]
+            read = execute_concurrent_with_args(self.session, self._run_ends, [(j,) for j in chunk], concurrency=32)
+            deletes: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+            for job_id, (ok, result) in zip(chunk, read, strict=True):
+                if not ok:
+                    raise result
+                runs = [(r.run_at_ms, r.attempt_group, r.state, r.ended_at_ms) for r in result]
+                chosen = prunable(runs, finished_before_ms, keep_per_job, limit - deleted)
+                deletes.extend(self._prune_statements(job_id, runs, chosen))
+                deleted += len(chosen)
+                if deleted >= limit:
+                    break
+            for ok, result in execute_concurrent(self.session, deletes, concurrency=64):
+                if not ok:
+                    raise result
+            if deleted >= limit:
+                break
+        return deleted
+
+    def _prune_statements(
+        self, job_id: str, runs: Sequence[tuple[int, int, str, int | None]], chosen: set[int]
+    ) -> list[tuple[PreparedStatement, tuple[Any, ...]]]:
+        """Range deletes over the stretches of a job's runs that go, so a job
+        firing every second leaves a range tombstone per pass rather than
+        one per run (too many of which make its partition unreadable). The
+        oldest stretch is deleted open-ended: each pass's tombstone then
+        covers the last one's, which compaction drops. A run sharing its
+        run_at with a run that stays goes by itself."""
+        kept_at = {runs[i][0] for i in range(len(runs)) if i not in chosen}
+        out: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        stretch: list[int] = []
+        oldest = True
+
+        def close() -> None:
+            nonlocal oldest
+            if stretch:
+                if oldest:
+                    out.append((self._delete_runs_through, (job_id, stretch[-1])))
+                else:
+                    out.append((self._delete_runs, (job_id, stretch[0], stretch[-1])))
+                stretch.clear()
+            oldest = False
+
+        for i in reversed(range(len(runs))):  # oldest first
+            run_at_ms, attempt_group = runs[i][0], runs[i][1]
+            if i in chosen:
+                out.append((self._delete_claim, (idempotency_key(job_id, run_at_ms, attempt_group),)))
+            if i in chosen and run_at_ms not in kept_at:
+                stretch.append(run_at_ms)
+                continue
+            close()
+            if i in chosen:
+                out.append((self._delete_run, (job_id, run_at_ms, attempt_group)))
+        close()
+        return out
 
     # -- helpers --------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from pysched.model import Job
@@ -22,7 +22,7 @@ from pysched.protocols import (
     RunRecord,
     is_near,
 )
-from pysched.records import DispatchRecord
+from pysched.records import DispatchRecord, idempotency_key
 from pysched.stores.sqlite_db import SQLiteDatabase
 
 # Runs a leader holding :fence at :now must hand on. A run dispatched under an
@@ -44,6 +44,12 @@ _RUN_COLUMNS = (
 )
 # SQLite allows 32766 bound parameters; leave room for the named ones.
 _CHUNK = 10_000
+_FINISHED = "('succeeded', 'failed', 'cancelled')"
+# The run_at of the newest finished run of the job of ``runs``: never pruned.
+_NEWEST_FINISHED = (
+    f"SELECT newest.run_at_ms FROM runs AS newest WHERE newest.job_id = runs.job_id"
+    f" AND newest.state IN {_FINISHED} ORDER BY newest.run_at_ms DESC LIMIT 1"
+)
 
 
 class SQLiteScheduleStore:
@@ -269,6 +275,68 @@ class SQLiteScheduleStore:
                 "UPDATE runs SET state = ?, ended_at_ms = ?, error = ?, result = ? WHERE run_id = ?",
                 (state, now_ms, error, result, record.run_id),
             )
+
+    # -- retention ------------------------------------------------------------
+
+    def prune_history(
+        self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
+    ) -> int:
+        if not partitions or limit <= 0:
+            return 0
+        # Read outside the write lock (WAL readers do not hold up the
+        # leader), along indexes: a week of a job firing every second is
+        # 600,000 rows, which one pass must not sort. The delete checks
+        # each run's state again.
+        conn = self.db.connection()
+        chosen: dict[int, tuple[str, int, int]] = {}
+        if finished_before_ms is not None:
+            marks = ",".join("?" * len(partitions))
+            # A run that ended before the cut was due before it, except a
+            # future run cancelled: that one waits for its due time.
+            rows = conn.execute(
+                f"SELECT run_id, job_id, run_at_ms, attempt_group FROM runs WHERE state IN {_FINISHED}"
+                f" AND due_ms < ? AND coalesce(ended_at_ms, run_at_ms) < ? AND partition IN ({marks})"
+                f" AND run_at_ms < ({_NEWEST_FINISHED}) LIMIT ?",
+                [finished_before_ms, finished_before_ms, *partitions, limit],
+            ).fetchall()
+            chosen.update((r[0], (r[1], r[2], r[3])) for r in rows)
+        if keep_per_job is not None and len(chosen) < limit:
+            wanted = set(partitions)
+            # Over-counts (every state): only a candidate list.
+            crowded = conn.execute(
+                "SELECT job_id FROM runs GROUP BY job_id HAVING count(*) > ?", (keep_per_job,)
+            ).fetchall()
+            for (job_id,) in crowded:
+                row = conn.execute("SELECT partition FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+                if row is None or row[0] not in wanted:
+                    continue
+                kept_from = conn.execute(
+                    f"SELECT run_at_ms FROM runs WHERE job_id = ? AND state IN {_FINISHED}"
+                    " ORDER BY run_at_ms DESC LIMIT 1 OFFSET ?",
+                    (job_id, max(keep_per_job, 1) - 1),
+                ).fetchone()
+                if kept_from is None:
+                    continue
+                rows = conn.execute(
+                    f"SELECT run_id, job_id, run_at_ms, attempt_group FROM runs WHERE job_id = ?"
+                    f" AND state IN {_FINISHED} AND run_at_ms < ? ORDER BY run_at_ms LIMIT ?",
+                    (job_id, kept_from[0], limit),  # the oldest may be chosen already
+                ).fetchall()
+                chosen.update((r[0], (r[1], r[2], r[3])) for r in rows)
+                if len(chosen) >= limit:
+                    break
+        if not chosen:
+            return 0
+        deleted = 0
+        with self.db.transaction() as conn:
+            for run_id, (job_id, run_at_ms, attempt_group) in list(chosen.items())[:limit]:
+                # A cancelled run that a reschedule revived is scheduled again.
+                if conn.execute(f"DELETE FROM runs WHERE run_id = ? AND state IN {_FINISHED}", (run_id,)).rowcount:
+                    conn.execute(
+                        "DELETE FROM claims WHERE idem_key = ?", (idempotency_key(job_id, run_at_ms, attempt_group),)
+                    )
+                    deleted += 1
+        return deleted
 
     # -- helpers --------------------------------------------------------------
 

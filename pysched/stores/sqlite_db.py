@@ -1,13 +1,24 @@
 """The embedded database: one SQLite file in WAL mode shared by the store,
-the lease coordinator and the claims, one connection per thread."""
+the lease coordinator and the claims, one connection per thread.
+
+The file is marked as pysched's (``PRAGMA application_id`` and a schema
+version in ``meta``), so a file of another program is refused rather than
+written into. Files made before the mark existed have the tables but no
+mark; they are accepted and marked on their next write."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Literal
+
+# "psch": what `file` and `sqlite3` show for a pysched database.
+APPLICATION_ID = 0x70736368
+SCHEMA_VERSION = 1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -59,24 +70,84 @@ CREATE INDEX IF NOT EXISTS claims_by_holder ON claims (holder, state);
 """
 
 
+# What a database made by pysched before it was marked holds.
+_TABLES = frozenset({"meta", "jobs", "runs", "partition_changes", "watermarks", "leases", "fences", "claims"})
+
+
+class DatabaseUnusable(OSError):
+    """The file cannot serve as the scheduler's database; the message names
+    the path and says why, on one line."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+# What a process does with the database: only read it (the file must
+# exist; nothing is created or marked), change what is in it (it must exist
+# and be writable), or also start one (created, mode 0600, if missing).
+Access = Literal["read", "write", "create"]
+
+
 class SQLiteDatabase:
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
+    def __init__(self, path: str | Path, *, access: Access = "create") -> None:
+        self.path = os.fspath(path)
         self._local = threading.local()
-        # executescript manages its own transaction; every statement is idempotent.
-        self.connection().executescript(SCHEMA)
+        if not self.path:
+            raise DatabaseUnusable(self.path, "an empty path names no file; give the database's file")
+        if self.path == ":memory:":
+            raise DatabaseUnusable(self.path, "an in-memory database is lost when the command exits; give a file")
+        # mode=rw: SQLite never creates the file itself, so only the code
+        # below decides whether a database comes into being, and with what mode.
+        self._uri = Path(self.path).absolute().as_uri() + "?mode=rw"
+        created = _create(self.path) if access == "create" else _require(self.path)
+        try:
+            self._prepare(access)
+        except DatabaseUnusable:
+            self.close()
+            if created:
+                for suffix in ("", "-wal", "-shm"):
+                    with suppress(OSError):
+                        Path(self.path + suffix).unlink()
+            raise
+
+    def _prepare(self, access: Access) -> None:
+        try:
+            conn = self.connection()
+            empty = _identify(self.path, conn)
+            if empty and access != "create":
+                raise DatabaseUnusable(self.path, "not a pysched database (it holds no tables)")
+            if access == "read":
+                return
+            # Only now that the file is known to be ours (or empty): WAL is
+            # a mark in the file's header, which stays.
+            conn.execute("PRAGMA journal_mode=WAL")
+            # A write on every open for writing: a file that cannot be
+            # written fails here, once, not in a retry loop later.
+            with self.transaction() as conn:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (SCHEMA_VERSION,),
+                )
+        except sqlite3.Error as exc:
+            raise _unusable(self.path, exc) from None
 
     def connection(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0, check_same_thread=False)
-            except sqlite3.OperationalError as exc:
-                raise OSError(f"cannot open database {self.path!r}: {exc}") from None
-            conn.execute("PRAGMA journal_mode=WAL")
-            # FULL: a commit is on disk before it is acknowledged.
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
+                conn = sqlite3.connect(self._uri, uri=True, isolation_level=None, timeout=30.0, check_same_thread=False)
+                # FULL: a commit is on disk before it is acknowledged.
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("PRAGMA foreign_keys=ON")
+            except sqlite3.Error as exc:
+                raise _unusable(self.path, exc) from None
             self._local.conn = conn
         return conn
 
@@ -98,3 +169,58 @@ class SQLiteDatabase:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+def _create(path: str) -> bool:
+    """Create the file, readable by its owner alone, if missing (SQLite
+    gives its -wal and -shm files the same mode). True if it was created."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        _require(path)
+        return False
+    except OSError as exc:
+        raise DatabaseUnusable(path, f"cannot create it: {exc.strerror}") from None
+    return True
+
+
+def _require(path: str) -> bool:
+    if not Path(path).exists():
+        raise DatabaseUnusable(path, "no such file (add or up creates it)")
+    if Path(path).is_dir():
+        raise DatabaseUnusable(path, "is a directory")
+    return False
+
+
+def _identify(path: str, conn: sqlite3.Connection) -> bool:
+    """Raise unless the file is a pysched database; True if it is empty."""
+    app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+    tables = {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if app_id == APPLICATION_ID:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and int(row[0]) > SCHEMA_VERSION:
+            raise DatabaseUnusable(
+                path, f"made by a newer pysched (schema version {row[0]}; this one knows up to {SCHEMA_VERSION})"
+            )
+        return False
+    if app_id != 0:
+        raise DatabaseUnusable(path, f"not a pysched database (an SQLite file of another program, id {app_id:#x})")
+    tables.discard("sqlite_sequence")
+    if not tables:
+        return True
+    if tables >= _TABLES:
+        return False  # made before databases were marked
+    raise DatabaseUnusable(path, "not a pysched database (an SQLite file of another program)")
+
+
+def _unusable(path: str, exc: sqlite3.Error) -> DatabaseUnusable:
+    code = getattr(exc, "sqlite_errorname", "")
+    if code in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+        return DatabaseUnusable(path, f"not a pysched database ({exc})")
+    if code.startswith("SQLITE_READONLY"):
+        return DatabaseUnusable(path, f"cannot be written ({exc})")
+    if code.startswith("SQLITE_CANTOPEN"):
+        return DatabaseUnusable(
+            path, f"cannot be opened ({exc}); its directory must be writable too, for the -wal and -shm files"
+        )
+    return DatabaseUnusable(path, str(exc))

@@ -1,0 +1,153 @@
+"""The --db file as a user may get it wrong: a misspelt path, a name that is
+no file, someone else's file, a file that cannot be written. Each is one
+line naming --db and the path, exit 2, and nothing created or changed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pysched.coord.local import SQLiteLeaseCoordinator
+from pysched.stores.sqlite_db import SCHEMA, SQLiteDatabase
+from tests.helpers import cli, cli_json
+
+ADD = ("add", "job", "--in", "600", "--shell", "true")
+READS = [("ls",), ("show", "job"), ("history", "job"), ("status",)]
+WRITES = [ADD, ("cancel", "job"), ("reschedule", "job", "--in", "900")]
+
+
+def refused(proc: subprocess.CompletedProcess[str], db: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --db {db!r}: "), proc.stderr
+
+
+@pytest.mark.parametrize("name", ["", ":memory:"])
+@pytest.mark.parametrize("args", [*WRITES, ("up",)], ids=lambda a: a[0])
+def test_a_name_that_is_no_file_is_refused(tmp_path: Path, name: str, args: tuple[str, ...]) -> None:
+    refused(cli(*args, db=name, cwd=tmp_path, check=False, timeout_s=20), name)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [*READS, *WRITES[1:]], ids=lambda a: a[0])
+def test_only_add_and_up_create_a_database(tmp_path: Path, args: tuple[str, ...]) -> None:
+    misspelt = tmp_path / "pysched.bd"
+    refused(cli(*args, db=misspelt, check=False), str(misspelt))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_database_is_private_to_its_owner_and_marked(tmp_path: Path, db_path: Path) -> None:
+    from pysched.stores.sqlite_db import APPLICATION_ID
+
+    os.umask(0o022)
+    cli(*ADD, db=db_path)
+    db = SQLiteDatabase(db_path)  # holds the -wal and -shm files open
+    try:
+        for name in ("pysched.db", "pysched.db-wal", "pysched.db-shm"):
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+        assert db.connection().execute("PRAGMA application_id").fetchone() == (APPLICATION_ID,)
+    finally:
+        db.close()
+
+
+def test_a_database_made_before_the_mark_is_still_used(db_path: Path) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.executescript(SCHEMA)
+    assert cli_json("ls", db=db_path) == []
+    cli(*ADD, db=db_path)
+    assert [job["id"] for job in cli_json("ls", db=db_path)] == ["job"]
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 16)
+
+
+def _other_program(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+        conn.execute("INSERT INTO notes (text) VALUES ('mine')")
+
+
+def _other_program_with_an_id(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA application_id = 42")
+        conn.execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY)")
+
+
+@pytest.mark.parametrize("make", [_garbage, _other_program, _other_program_with_an_id])
+@pytest.mark.parametrize("args", [*READS, *WRITES, ("up",)], ids=lambda a: a[0])
+def test_a_file_that_is_not_a_pysched_database_is_refused_untouched(
+    tmp_path: Path, make: object, args: tuple[str, ...]
+) -> None:
+    path = tmp_path / "notes.db"
+    make(path)  # type: ignore[operator]
+    before = path.read_bytes()
+    proc = cli(*args, db=path, check=False, timeout_s=20)
+    refused(proc, str(path))
+    assert "not a pysched database" in proc.stderr
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
+
+
+@contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Root writes through file modes: make the file immutable instead."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(stat.S_IMODE(mode) & ~0o222)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("running as root without chattr +i: nothing can be read-only")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("args", [*WRITES, ("up",)], ids=lambda a: a[0])
+def test_a_read_only_database_is_refused_at_once(db_path: Path, args: tuple[str, ...]) -> None:
+    cli(*ADD[:2], "--in", "700", "--shell", "true", db=db_path)
+    with read_only(db_path):
+        started = time.monotonic()
+        proc = cli(*args, db=db_path, check=False, timeout_s=30)
+        refused(proc, str(db_path))
+        assert "cannot be written" in proc.stderr
+        assert time.monotonic() - started < 25  # no retry loop
+        # Reading it is still fine.
+        assert [job["id"] for job in cli_json("ls", db=db_path)] == ["job"]
+
+
+def test_a_database_in_a_read_only_directory_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with read_only(folder):
+        refused(cli(*ADD, db=folder / "new.db", check=False), str(folder / "new.db"))
+    assert list(folder.iterdir()) == []
+
+
+def test_add_warns_when_no_scheduler_runs_on_the_database(db_path: Path) -> None:
+    proc = cli(*ADD, db=db_path)
+    assert f"pysched up --db {db_path}" in proc.stderr and "warning:" in proc.stderr
+    # A scheduler holding the lease: no warning.
+    db = SQLiteDatabase(db_path)
+    try:
+        SQLiteLeaseCoordinator(db, partitions=1).poll("node-a", time.time_ns() // 1_000_000)
+        quiet = cli("add", "other", "--in", "600", "--shell", "true", db=db_path)
+        assert quiet.stderr == ""
+    finally:
+        db.close()
