@@ -26,7 +26,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from cassandra import ConsistencyLevel
+from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
@@ -60,6 +60,10 @@ SETTLE_MS = 10_000
 WATERMARK_STEP_MS = 5_000
 # A registration that died half-way holds its id this long.
 REGISTERING_GRACE_MS = 60_000
+# A registration's lightweight transaction that timed out is tried this many
+# times in all; whether a timed-out one applied is read from the row it left.
+_CAS_ATTEMPTS = 5
+_AMBIGUOUS = (WriteTimeout, OperationTimedOut)
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 # Jobs whose runs one pruning step reads at once.
 _PRUNE_READ_JOBS = 256
@@ -253,11 +257,45 @@ class CassandraScheduleStore:
 
     # -- registration ---------------------------------------------------------
 
+    def _claim_ids(self, rows: Sequence[tuple[str, str, int, int, int, int]]) -> list[Any]:
+        """Insert-if-absent each job row (id, spec, partition, jitter, created,
+        updated): None where this call inserted it, else the row in the way.
+
+        A lightweight transaction that times out may or may not have applied
+        (a cold or busy node): it is tried again, and a row found in the way
+        that is this very registration (same spec, same registration time,
+        still registering) is taken as inserted."""
+        outcome: list[Any] = [None] * len(rows)
+        pending = list(range(len(rows)))
+        for attempt in range(_CAS_ATTEMPTS):
+            results = execute_concurrent_with_args(
+                self.session, self._insert_job, [rows[i] for i in pending], concurrency=128, raise_on_first_error=False
+            )
+            retry: list[int] = []
+            for i, (ok, result) in zip(pending, results, strict=True):
+                if not ok:
+                    if isinstance(result, _AMBIGUOUS) and attempt + 1 < _CAS_ATTEMPTS:
+                        retry.append(i)
+                        continue
+                    raise result
+                if result.was_applied:
+                    continue
+                current = result.one()
+                _, spec, _, _, _, updated_at_ms = rows[i]
+                ours = current.state == "registering" and current.spec == spec
+                if not (ours and current.updated_at_ms == updated_at_ms and attempt > 0):
+                    outcome[i] = current
+            if not retry:
+                return outcome
+            log.warning("registering %d jobs again after a timed-out lightweight transaction", len(retry))
+            time.sleep(0.2 * 2**attempt)
+            pending = retry
+        raise AssertionError("unreachable: the last attempt raises")
+
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         spec = job.model_dump_json()
-        res = self.session.execute(self._insert_job, (job.id, spec, partition, jitter_ms, now_ms, now_ms))
-        if not res.was_applied:
-            current = res.one()
+        (current,) = self._claim_ids([(job.id, spec, partition, jitter_ms, now_ms, now_ms)])
+        if current is not None:
             if current.state != "registering" or current.updated_at_ms > now_ms - REGISTERING_GRACE_MS:
                 raise JobExists(f"job {job.id!r} already exists")
             # A registration that died half-way: take its place.
@@ -285,22 +323,17 @@ class CassandraScheduleStore:
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
         """Many registrations, pipelined: the claims on the ids first (each a
         lightweight transaction), then one logged batch per new job."""
-        inserted = execute_concurrent_with_args(
-            self.session,
-            self._insert_job,
+        in_the_way = self._claim_ids(
             [
                 (job.id, job.model_dump_json(), partition, jitter_ms, now_ms, now_ms)
                 for job, partition, jitter_ms, _ in items
-            ],
-            concurrency=128,
+            ]
         )
         existing: list[str] = []
         batches = []
         partitions: set[int] = set()
-        for (job, partition, _, first), (ok, result) in zip(items, inserted, strict=True):
-            if not ok:
-                raise result
-            if not result.was_applied:
+        for (job, partition, _, first), current in zip(items, in_the_way, strict=True):
+            if current is not None:
                 existing.append(job.id)
                 continue
             first = self._not_before_now(first)
