@@ -399,6 +399,11 @@ index_summary_capacity: 8MiB
 concurrent_compactors: 1
 paxos_variant: v2
 storage_compatibility_mode: NONE
+# One node sharing two cores with everything else: a slow answer, not a
+# timeout, while the JVM is cold or the machine busy (the driver waits 15 s).
+read_request_timeout: 8000ms
+write_request_timeout: 8000ms
+cas_contention_timeout: 4000ms
 """
 
 LOGBACK_XML = """\
