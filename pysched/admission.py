@@ -63,7 +63,7 @@ def admit(job: Job, now_ms: int) -> None:
             raise JobRejected(
                 "payload",
                 f"{size:,} bytes as JSON; a shell target receives it in an environment variable,"
-                f" which may have {SHELL_STRING_LIMIT_BYTES:,}",
+                f" which may have {SHELL_STRING_LIMIT_BYTES:,} bytes",
             )
     elif isinstance(target, HttpTarget):
         check_url(target.url)

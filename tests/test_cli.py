@@ -48,6 +48,12 @@ from tests.helpers import PYSCHED, cli, cli_json
         (["--in", "3", "--http", "http://exa mple.org/"], "--http: 'http://exa mple.org/' contains spaces"),
         (["--in", "3", "--http", "http://example.org:99999/"], "--http: 'http://example.org:99999/' is not a valid"),
         (["--in", "3", "--shell", "true", "--payload", "[1, 2]"], "--payload: must be a JSON object"),
+        (["--in", "3", "--shell", "true", "--payload", '{"a": NaN}'], "--payload: not JSON: NaN is not a JSON value"),
+        (
+            ["--at", "2030-01-01T00:00:00Z", "--tz", "Europe/Paris", "--shell", "true"],
+            "--tz: does not apply to an --at",
+        ),
+        (["--in", "3", "--http", "http://example.org/", "--method", ""], "--method: an HTTP method"),
         (["--in", "3", "--shell", "true", "--payload", "@/nonexistent/payload.json"], "--payload: cannot read"),
     ],
 )
@@ -62,7 +68,7 @@ def test_bad_input_names_the_field_and_stores_nothing(db_path: Path, args: list[
 def test_bad_id_is_refused_in_words(db_path: Path) -> None:
     proc = cli("add", "a:b", "--in", "3", "--shell", "true", db=db_path, check=False)
     assert proc.returncode == 2
-    assert "id: letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit" in proc.stderr
+    assert "id: ASCII letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit" in proc.stderr
 
 
 def test_a_shell_payload_beyond_the_environment_limit_is_refused(tmp_path: Path, db_path: Path) -> None:
@@ -88,6 +94,14 @@ def test_a_shell_payload_beyond_the_environment_limit_is_refused(tmp_path: Path,
     proc = cli("add", "huge", "--in", "3", "--python", "m:f", "--payload", f"@{over}", db=db_path, check=False)
     assert proc.returncode == 2 and "--payload: more than 1,048,576 bytes" in proc.stderr
     assert sorted(j["id"] for j in cli_json("ls", db=db_path)) == ["piped", "py"]
+
+
+def test_tables_are_not_cut_when_piped(db_path: Path) -> None:
+    long_id = "a-job-whose-id-is-long-enough-to-be-cut-at-eighty-columns"
+    cli("add", long_id, "--cron", "0 9 * * *", "--tz", "Europe/Paris", "--shell", "true", db=db_path)
+    assert long_id in cli("ls", db=db_path).stdout
+    proc = cli("history", long_id, "--limit", "99999999999999999999", db=db_path, check=False)
+    assert proc.returncode == 2 and "--limit" in proc.stderr
 
 
 def test_no_such_job_exits_3(db_path: Path) -> None:

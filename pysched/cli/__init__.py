@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import typer
@@ -23,6 +24,9 @@ def main() -> None:
     """Exit 0 when done, 2 on bad input, 3 for no such job (the commands say
     so themselves), 1 on anything unexpected: one line, and the traceback only
     with PYSCHED_DEBUG=1."""
+    # A reader that goes away (`pysched ls | head`) ends the command quietly,
+    # as it ends `cat`; `up` and `worker` keep Python's default, ignoring it.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         app()
     except Exception as exc:

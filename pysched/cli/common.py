@@ -6,12 +6,14 @@ import atexit
 import json
 import os
 import shlex
+import sys
 import time
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
+from rich.console import Console
 
 from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
@@ -53,7 +55,7 @@ FLAG_FOR_FIELD = {
     "payload": "--payload",
     "jitter_window_s": "--jitter",
 }
-ID_RULE = "letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit"
+ID_RULE = "ASCII letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit"
 # (field, pydantic error type) -> what would be accepted, in words.
 _WORDS = {
     ("id", "string_pattern_mismatch"): ID_RULE,
@@ -132,6 +134,12 @@ def iso(ms: int | None) -> str | None:
         return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
     except (ValueError, OverflowError, OSError):
         return f"{ms} ms after 1970-01-01T00:00Z"
+
+
+def console() -> Console:
+    """Where tables go: a terminal's width, or wide enough that nothing is
+    cut when the output is piped or saved."""
+    return Console() if sys.stdout.isatty() else Console(width=1_000)
 
 
 def echo_json(value: Any) -> None:

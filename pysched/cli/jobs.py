@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from pysched import cron
@@ -24,6 +23,7 @@ from pysched.cli.common import (
     ConfigOption,
     DbOption,
     JsonOption,
+    console,
     echo_json,
     fail,
     fail_validation,
@@ -58,6 +58,8 @@ def _parse_at(value: str, tz: str | None) -> int:
         when = datetime.fromisoformat(value)
     except ValueError:
         fail(f"--at: not an ISO 8601 time: {value!r}")
+    if when.tzinfo is not None and tz is not None:
+        fail(f"--tz: does not apply to an --at with its own offset ({value})")
     try:
         if when.tzinfo is None:
             when = when.replace(tzinfo=cron.zone(tz)) if tz else when.astimezone()
@@ -95,6 +97,8 @@ def _target(shell: str | None, python: str | None, http: str | None, method: str
     given = [name for name, v in (("--shell", shell), ("--python", python), ("--http", http)) if v is not None]
     if len(given) != 1:
         fail("give exactly one of --shell, --python, --http" + (f" (got {', '.join(given)})" if given else ""))
+    if method is not None and not method.strip():
+        fail("--method: an HTTP method such as GET or POST")
     if method is not None and http is None:
         fail(f"--method: applies only to --http, not to {given[0]}")
     if shell is not None:
@@ -119,9 +123,14 @@ def _payload(value: str) -> Any:
     if len(text) > PAYLOAD_LIMIT_BYTES:
         fail(f"--payload: more than {PAYLOAD_LIMIT_BYTES:,} bytes")
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(text, parse_constant=_not_json)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         fail(f"--payload: not JSON: {exc}")
+
+
+def _not_json(name: str) -> Any:
+    """Python's json reads NaN and Infinity, which JSON does not have."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _describe(rec: JobRecord) -> str:
@@ -220,7 +229,11 @@ def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOpti
             iso(r.next_run.due_ms) if r.next_run else "-",
             f"{run.state} {iso(run.run_at_ms)}" if run else "-",
         )
-    Console().print(table)
+    console().print(table)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def _last_run_json(run: RunRecord | None) -> dict[str, Any] | None:
@@ -250,12 +263,13 @@ def show(
 
 def history(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Newest runs to show.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1_000_000, help="Newest runs to show.")] = 50,
     db: DbOption = DEFAULT_DB,
     config: ConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Runs of a job, newest first, with their fire lag."""
+    """Runs of a job, newest first: when each was handed on (fire lag) and
+    when it started (start lag) against its due time, and its output."""
     try:
         runs = open_store(db, config, access="read").history(job_id, limit)
     except JobNotFound as exc:
@@ -263,19 +277,16 @@ def history(
     if as_json:
         echo_json([run_json(r) for r in runs])
         return
-    table = Table("run_at", "state", "fire lag ms", "duration ms", "attempt", "fence", "error")
+    table = Table("run_at", "state", "fire lag ms", "start lag ms", "duration ms", "attempt", "fence", "output")
     for r in runs:
         j = run_json(r)
         table.add_row(
             j["run_at"],
             j["state"],
-            str(j["fire_lag_ms"]),
-            str(j["duration_ms"]),
-            str(j["attempt"]),
-            str(j["fence"]),
-            j["error"] or "",
+            *(_cell(j[k]) for k in ("fire_lag_ms", "start_lag_ms", "duration_ms", "attempt", "fence")),
+            "; ".join(part for part in (j["error"], j["result"]) if part) or "-",
         )
-    Console().print(table)
+    console().print(table)
 
 
 def cancel(

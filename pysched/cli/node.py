@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -54,6 +55,9 @@ def _open(db: str, config: str | None, coordinator: bool = True, access: Access 
 
 
 def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str) -> None:
+    # A long-running node outlives whatever reads its logs: a closed pipe is
+    # an error on a write, not the end of the node.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.WARNING if quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
