@@ -178,7 +178,7 @@ class Node:
                 stop.wait()
         finally:
             stop.set()
-            if not self.workers.join(drain_s):
+            if not self.workers.join(drain_s) and not self.workers.abandoned:
                 log.warning("jobs still running after %.0f s: stopping without them", drain_s)
                 self.workers.abandon()
             if pruning is not None:

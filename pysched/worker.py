@@ -93,12 +93,18 @@ class WorkerPool:
         """Stop now: kill the shell commands running (with their children)
         and record no outcome from here on. The runs left unfinished keep
         their claims until the leases run out, then are handed on again."""
+        if self._abandoned.is_set():
+            return
         self._abandoned.set()
         killed = kill_running()
         with self._lock:
             unfinished = len(self._running)
         if unfinished:
             log.warning("left %d runs unfinished (%d shell commands killed)", unfinished, killed)
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned.is_set()
 
     def alive(self) -> list[str]:
         """Names of the worker and heartbeat threads that are running."""
