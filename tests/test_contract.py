@@ -166,6 +166,24 @@ def test_a_run_registered_late_for_its_time_still_fires(backend: Backend) -> Non
     assert [r[2] for r in backend.store.due_runs(every(1), now + 60_000, now)] == ["late"]
 
 
+def test_a_registration_landing_behind_the_watermark_still_fires(
+    backend: Backend, request: pytest.FixtureRequest
+) -> None:
+    if backend.name == "cluster":
+        # Known loss, seen in CI with one core busy: 241 of 5,000 runs whose
+        # registration landed more than SETTLE_MS after its check were never
+        # handed on. The fix belongs with the run path's simulator.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="a late registration behind the watermark is lost"))
+    wall = backend.clock_ms()
+    backend.store.add_job(once_job("early", wall + 1_000), 0, 0, PlannedRun(wall + 1_000, wall + 1_000), wall)
+    # A leader ahead of this registration (a slower write, or another clock)
+    # hands its partition on through wall + 30 s.
+    dispatch(backend, wall + 90_000, 1, wall + 30_000)
+    due = wall + 15_000
+    backend.store.add_job(once_job("late", due), 0, 0, PlannedRun(due, due), wall)
+    assert "late" in [r[2] for r in backend.store.due_runs(every(1), wall + 90_000, wall + 31_000)]
+
+
 def test_one_shot_completes_after_dispatch(backend: Backend) -> None:
     backend.store.add_job(once_job("once", T0 + 500), 0, 0, PlannedRun(T0 + 500, T0 + 500), T0)
     sent, planned = dispatch(backend, T0 + 1_000, 1, T0 + 500)
