@@ -63,26 +63,32 @@ class Cluster:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
     def register_spread(self, n: int, first_ms: int, spread_ms: int) -> set[str]:
-        """n one-shot runs evenly over [first, first + spread); their keys."""
+        """n one-shot runs evenly over [first, first + spread); their keys.
+
+        A run is never registered less than REGISTER_LEAD_MS ahead: on a slow
+        machine the later ones move out with the registration (a moving
+        base). These tests are about failover, not about registrations that
+        land after their own time."""
+
+        def register_one(k: int) -> str:
+            run_at = max(first_ms + k * spread_ms // n, now_ms() + REGISTER_LEAD_MS)
+            job = Job.model_validate(
+                {
+                    "id": f"j{k:05d}",
+                    "schedule": {"kind": "once", "run_at_ms": run_at},
+                    "target": {"kind": "python", "ref": "loadgen.target:append"},
+                    "payload": {"ledger": str(self.ledger), "due_ms": run_at},
+                }
+            )
+            register(backends.store, job, now_ms(), self.config.partitions)
+            return f"{job.id}:{run_at}:0"
+
         backends = open_cluster(self.config, coordinator=False)
         try:
-            jobs = [
-                Job.model_validate(
-                    {
-                        "id": f"j{k:05d}",
-                        "schedule": {"kind": "once", "run_at_ms": first_ms + k * spread_ms // n},
-                        "target": {"kind": "python", "ref": "loadgen.target:append"},
-                        "payload": {"ledger": str(self.ledger), "due_ms": first_ms + k * spread_ms // n},
-                    }
-                )
-                for k in range(n)
-            ]
-            start = now_ms()
             with ThreadPoolExecutor(16) as pool:
-                list(pool.map(lambda j: register(backends.store, j, start, self.config.partitions), jobs))
+                return set(pool.map(register_one, range(n)))
         finally:
             backends.close()
-        return {f"j{k:05d}:{first_ms + k * spread_ms // n}:0" for k in range(n)}
 
     def ledger_keys(self) -> Counter[str]:
         # loadgen's ledger: "<idempotency key> <due_ms> <started_ms>" a line.
@@ -108,6 +114,9 @@ class Cluster:
             return coordinator.leaders()
         finally:
             coordinator.close()
+
+
+REGISTER_LEAD_MS = 15_000
 
 
 def write_config(path: Path, values: dict[str, Any]) -> Path:
