@@ -177,11 +177,11 @@ def test_a_registration_landing_behind_the_watermark_still_fires(
     wall = backend.clock_ms()
     backend.store.add_job(once_job("early", wall + 1_000), 0, 0, PlannedRun(wall + 1_000, wall + 1_000), wall)
     # A leader ahead of this registration (a slower write, or another clock)
-    # hands its partition on through wall + 30 s.
-    dispatch(backend, wall + 90_000, 1, wall + 30_000)
-    due = wall + 15_000
+    # has handed its partition on through wall + 10 min.
+    dispatch(backend, wall + 900_000, 1, wall + 600_000)
+    due = wall + 300_000
     backend.store.add_job(once_job("late", due), 0, 0, PlannedRun(due, due), wall)
-    assert "late" in [r[2] for r in backend.store.due_runs(every(1), wall + 90_000, wall + 31_000)]
+    assert "late" in [r[2] for r in backend.store.due_runs(every(1), wall + 900_000, wall + 601_000)]
 
 
 def test_one_shot_completes_after_dispatch(backend: Backend) -> None:
