@@ -81,12 +81,21 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
     redis_client = connect_redis(config.redis)
     ensure_topic(config)
     claims = RedisCassandraClaims(redis_client, session, config)
+    store = CassandraScheduleStore(session, config)
+
+    def publish_fence(partition: int, fence: int) -> None:
+        # The store first: a worker that rejects an older leader's run (the
+        # claims' fence) implies the store refuses that leader's watermark
+        # move, so the run stays ahead of where the new leader reads.
+        store.raise_fence(partition, fence)
+        claims.raise_fence(partition, fence)
+
     coord: Coordinator
     closers: list[Callable[[], None]] = []
     if coordinator:
         from pysched.coord.etcd import EtcdCoordinator
 
-        etcd = EtcdCoordinator(config, publish_fence=claims.raise_fence)
+        etcd = EtcdCoordinator(config, publish_fence=publish_fence)
         closers.append(etcd.close)
         coord = etcd
     else:
@@ -103,7 +112,7 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
         session.cluster.shutdown()
 
     retention = Retention(days=config.history_days, keep_per_job=config.history_keep)
-    return Backends(CassandraScheduleStore(session, config), claims, coord, dispatcher, close, retention=retention)
+    return Backends(store, claims, coord, dispatcher, close, retention=retention)
 
 
 def open_cluster_store(config: ClusterConfig) -> tuple[ScheduleStore, Callable[[], None]]:

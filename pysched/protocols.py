@@ -164,6 +164,14 @@ class ScheduleStore(Protocol):
         """Per partition, the latest due time handed on."""
         ...
 
+    def raise_fence(self, partition: int, fence: int) -> None:
+        """A new leader's fence, before it reads the partition: from now on
+        the store refuses to move the partition's watermark for an older
+        fence. A leader paused past its lease may still record what it sent,
+        and its runs, rejected by the workers, must not fall behind the
+        watermark its successor starts from."""
+        ...
+
     def prune_history(
         self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
     ) -> int:

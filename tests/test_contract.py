@@ -184,6 +184,20 @@ def test_a_registration_landing_behind_the_watermark_still_fires(
     assert "late" in [r[2] for r in backend.store.due_runs(every(1), wall + 900_000, wall + 601_000)]
 
 
+def test_a_stale_leaders_record_hides_nothing_from_its_successor(backend: Backend) -> None:
+    # Found by the paused-leader process test with one core busy: 55 of
+    # 1,000 runs lost. The paused leader woke, sent its due runs (the workers
+    # rejected its fence) and recorded them, moving the watermark past them
+    # before its successor read the partition.
+    backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    rows = backend.store.due_runs(every(1), T0 + 60_000, T0 + 100)
+    assert [r[2] for r in rows] == ["o"]
+    for p in range(4):
+        backend.store.raise_fence(p, 2)  # the successor's fence, published before it reads
+    backend.store.finish_dispatch([dispatch_row(r) for r in rows], every(1), T0 + 30_000, next_run)
+    assert [r[2] for r in backend.store.due_runs(every(2), T0 + 90_000, T0 + 30_100)] == ["o"]
+
+
 def test_one_shot_completes_after_dispatch(backend: Backend) -> None:
     backend.store.add_job(once_job("once", T0 + 500), 0, 0, PlannedRun(T0 + 500, T0 + 500), T0)
     sent, planned = dispatch(backend, T0 + 1_000, 1, T0 + 500)

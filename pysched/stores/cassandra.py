@@ -221,6 +221,7 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.watermarks SET fired_through_ms = ?, fence = ? WHERE partition = ?"
             " IF fence <= ? AND fired_through_ms < ?"
         )
+        self._raise_watermark_fence = p(f"UPDATE {ks}.watermarks SET fence = ? WHERE partition = ? IF fence < ?")
         self._changes = p(f"SELECT partition, n FROM {ks}.changes WHERE k = 0")
         self._bump = p(f"UPDATE {ks}.changes SET n = n + 1 WHERE k = 0 AND partition = ?")
         self._mark_dispatched = p(
@@ -457,6 +458,12 @@ class CassandraScheduleStore:
 
     def change_versions(self) -> dict[int, int]:
         return {int(r.partition): int(r.n) for r in self.session.execute(self._changes)}
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        # Conditional on the same row as the watermark moves (IF fence <= f):
+        # once this applied, an older leader's move is refused. Not applied
+        # means a fence as high or higher is there already.
+        self.session.execute(self._raise_watermark_fence, (fence, partition, fence))
 
     def watermarks(self) -> dict[int, int]:
         return {int(r.partition): int(r.fired_through_ms) for r in self.session.execute(self._watermarks)}

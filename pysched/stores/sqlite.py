@@ -180,6 +180,12 @@ class SQLiteScheduleStore:
             out.update((str(r[1]), RunRecord(*r)) for r in rows)
         return out
 
+    def raise_fence(self, partition: int, fence: int) -> None:
+        # Nothing to refuse here: the embedded store reads the runs to send by
+        # their state and fence (_ELIGIBLE), never from its watermarks, so an
+        # older leader's watermark hides no run from its successor.
+        pass
+
     def change_versions(self) -> dict[int, int]:
         rows = self.db.connection().execute("SELECT partition, version FROM partition_changes").fetchall()
         return {int(p): int(v) for p, v in rows}
