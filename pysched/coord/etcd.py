@@ -135,6 +135,13 @@ class EtcdCoordinator:
             )
             del owned[p]
         for p in sorted(desired - set(owned)):
+            if p in leaders and leaders[p].holder == holder:
+                # Won in an earlier poll whose publishing failed (a store or
+                # Redis timeout): publish again, then lead it.
+                if self.publish_fence is not None:
+                    self.publish_fence(p, leaders[p].fence)
+                owned[p] = leaders[p].fence
+                continue
             if p in leaders and leaders[p].holder != holder:
                 continue  # still held by its previous leader: wait for its hand-over or its lease
             key = self._key("leaders", p)
