@@ -164,6 +164,13 @@ class ScheduleStore(Protocol):
         """Per partition, the latest due time handed on."""
         ...
 
+    def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
+        """A worker rejected ``record`` for its fence: a newer leader leads the
+        partition, and the run, unless it started or ended meanwhile, must
+        reach that leader again (the claim keeps it to one effect). True if
+        it was handed back."""
+        ...
+
     def raise_fence(self, partition: int, fence: int) -> None:
         """A new leader's fence, before it reads the partition: from now on
         the store refuses to move the partition's watermark for an older

@@ -191,12 +191,16 @@ class WorkerPool:
                 break
         self._count(claim.outcome.value)
         if claim.outcome is ClaimOutcome.FENCED:
+            # Sent by a leader that has lost the partition, perhaps before it
+            # lost it: the run is still owed, to the new leader.
+            handed_back = self.store.hand_back(record, self.clock.now_ms())
             log.warning(
-                "rejected %s run_at=%d: fence %d is below the partition's %d (a stale leader)",
+                "rejected %s run_at=%d: fence %d is below the partition's %d (a stale leader)%s",
                 record.job_id,
                 record.run_at_ms,
                 record.fence,
                 claim.fence_floor,
+                "; handed back to its leader" if handed_back else "",
             )
             return claim.outcome
         if claim.outcome is ClaimOutcome.SUCCEEDED:

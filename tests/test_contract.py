@@ -198,6 +198,26 @@ def test_a_stale_leaders_record_hides_nothing_from_its_successor(backend: Backen
     assert [r[2] for r in backend.store.due_runs(every(2), T0 + 90_000, T0 + 30_100)] == ["o"]
 
 
+def test_a_run_rejected_for_its_fence_reaches_the_new_leader(backend: Backend) -> None:
+    # Found by the paused-leader process test with one core busy: runs a
+    # leader sent, and recorded sent, just before its partition moved were
+    # rejected by the workers for their (by then) old fence, and the new
+    # leader started from a watermark already past them.
+    store = backend.store
+    store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 30_000)
+    for p in range(4):
+        store.raise_fence(p, 2)
+    backend.claims.raise_fence(0, 2)
+    rejected = record(sent, 1)
+    assert backend.claims.claim(rejected, "w1", T0 + 30_100, 30_000).outcome is ClaimOutcome.FENCED
+    store.hand_back(rejected, T0 + 30_100)
+    assert [r[2] for r in store.due_runs(every(2), T0 + 90_000, T0 + 30_200)] == ["o"]
+    # A run that started meanwhile is not handed back.
+    assert store.run_started(record(sent, 2), "w2", T0 + 30_300)
+    assert not store.hand_back(rejected, T0 + 30_400)
+
+
 def test_one_shot_completes_after_dispatch(backend: Backend) -> None:
     backend.store.add_job(once_job("once", T0 + 500), 0, 0, PlannedRun(T0 + 500, T0 + 500), T0)
     sent, planned = dispatch(backend, T0 + 1_000, 1, T0 + 500)

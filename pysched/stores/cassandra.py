@@ -53,6 +53,8 @@ from pysched.records import DispatchRecord, idempotency_key
 log = logging.getLogger("pysched.cassandra")
 
 BUCKET_MS = 60_000
+# A run a worker hands back is due this long after: ahead of any watermark.
+HAND_BACK_MS = 1_000
 # How far the watermark trails "now": a registration that reaches the store
 # this late for its own due time is still picked up.
 SETTLE_MS = 10_000
@@ -458,6 +460,29 @@ class CassandraScheduleStore:
 
     def change_versions(self) -> dict[int, int]:
         return {int(r.partition): int(r.n) for r in self.session.execute(self._changes)}
+
+    def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
+        # Its schedule row may lie behind the watermark the new leader reads
+        # from (the old leader recorded it sent): a new row, due a moment from
+        # now, and a change notice bring it into that leader's wheel.
+        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        if row is None or row.state != "scheduled":
+            return False  # started, finished or cancelled since: nothing owed
+        due = now_ms + HAND_BACK_MS
+        self.session.execute(
+            self._insert_schedule,
+            (
+                due // BUCKET_MS,
+                record.partition,
+                due,
+                record.run_id,
+                record.job_id,
+                record.run_at_ms,
+                record.attempt_group,
+            ),
+        )
+        self.session.execute(self._bump, (record.partition,))
+        return True
 
     def raise_fence(self, partition: int, fence: int) -> None:
         # Conditional on the same row as the watermark moves (IF fence <= f):

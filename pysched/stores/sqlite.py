@@ -180,6 +180,11 @@ class SQLiteScheduleStore:
             out.update((str(r[1]), RunRecord(*r)) for r in rows)
         return out
 
+    def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
+        # Nothing to do: a run dispatched under an older fence is eligible
+        # again for the leader of a newer one (_ELIGIBLE).
+        return False
+
     def raise_fence(self, partition: int, fence: int) -> None:
         # Nothing to refuse here: the embedded store reads the runs to send by
         # their state and fence (_ELIGIBLE), never from its watermarks, so an
