@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -34,13 +33,16 @@ from pysched.cli.common import (
     run_json,
     warn_without_scheduler,
 )
+from pysched.clock import SystemClock
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
 from pysched.registry import register, reschedule
 
+_CLOCK = SystemClock()
+
 
 def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return _CLOCK.now_ms()
 
 
 def _zone_name(tz: str | None) -> str | None:
@@ -193,14 +195,15 @@ def add(
     try:
         job = Job.model_validate(spec)
         # Before the database is opened: a refused job creates no file.
-        admit(job, _now_ms())
+        now = _now_ms()
+        admit(job, now)
     except ValidationError as exc:
         fail_validation(exc)
     except JobRejected as exc:
         fail(f"{flag_for(exc.field)}: {exc.message}")
     store = open_store(db, config, access="create")
     try:
-        rec = register(store, job, _now_ms())
+        rec = register(store, job, now)
     except JobRejected as exc:
         fail(f"{flag_for(exc.field)}: {exc.message}")
     except JobExists as exc:
