@@ -32,7 +32,16 @@ import numpy as np
 from pysched import native
 from pysched.clock import Clock
 from pysched.planning import next_run
-from pysched.protocols import NEAR_MS, Coordinator, Dispatcher, DispatchRow, DueRow, ScheduleStore, dispatch_row
+from pysched.protocols import (
+    NEAR_MS,
+    SETTLE_MS,
+    Coordinator,
+    Dispatcher,
+    DispatchRow,
+    DueRow,
+    ScheduleStore,
+    dispatch_row,
+)
 
 log = logging.getLogger("pysched.leader")
 T = TypeVar("T")
@@ -113,7 +122,9 @@ class PartitionLeader:
         self._standby_logged = False
         # Recording what was sent (next runs, watermarks) happens off the tick
         # thread: a burst's 50,000 store writes must not hold up the next fire.
-        self._to_finish: queue.SimpleQueue[tuple[list[DispatchRow], dict[int, int], int]] = queue.SimpleQueue()
+        self._to_finish: queue.SimpleQueue[tuple[list[DispatchRow], dict[int, int], dict[int, int], int]] = (
+            queue.SimpleQueue()
+        )
         self._finished: queue.SimpleQueue[list[DueRow]] = queue.SimpleQueue()
         self._unfinished = 0
         self._unfinished_lock = threading.Lock()
@@ -129,6 +140,12 @@ class PartitionLeader:
         # their absence from it for a cancellation.
         self._generation = 0
         self._born: dict[int, int] = {}
+        # Per partition led under its current fence, when the last read of it
+        # that reached the wheel began: every run of the partition the store
+        # held then, due by then, has been sent once the ticks pass it. A
+        # watermark moves no further (less SETTLE_MS), and not at all for a
+        # partition not yet read: its predecessor's unsent runs lie there.
+        self._read_at: dict[int, int] = {}
 
     # -- the loops ------------------------------------------------------------
 
@@ -237,6 +254,11 @@ class PartitionLeader:
             self._standby_logged = True
 
     def _forget(self, partitions: set[int]) -> None:
+        # What was read and sent under the old fence counts for nothing under
+        # a new one: those sends met (or will meet) the workers' fence check.
+        for p in partitions:
+            self._read_at.pop(p, None)
+        self._sent = {r: s for r, s in self._sent.items() if s[1] not in partitions}
         for run_id in [r for r, row in self._pending.items() if row[4] in partitions]:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
@@ -278,7 +300,7 @@ class PartitionLeader:
         generation = self._generation
         horizon = now + self.config.horizon_ms
         rows = self.store.due_runs(fences, horizon, now)
-        self._loaded.put(_Loaded(fences, rows, horizon, generation, idle))
+        self._loaded.put(_Loaded(fences, rows, horizon, generation, idle, now))
         return True
 
     def _take_loaded(self) -> None:
@@ -306,6 +328,8 @@ class PartitionLeader:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
         self._add([row for row in rows if self._sent.get(row[0], _UNSENT)[0] != row[6]], loaded.horizon)
+        for p in fences:
+            self._read_at[p] = max(self._read_at.get(p, loaded.read_at), loaded.read_at)
         if loaded.idle:
             # Forget a sent run only once the store no longer returns it, not
             # after a while: a watermark held back by a slow store would
@@ -322,17 +346,27 @@ class PartitionLeader:
             busy = self._unfinished > 0
         if busy or self._retry or not self.fences:
             return False
+        fences = dict(self.fences)
+        marks = self._marks(fences, now)
         if not inline:
-            self._queue_finish([], dict(self.fences), now)
+            self._queue_finish([], fences, marks, now)
             return True
-        return self._guard(partial(self.store.finish_dispatch, [], dict(self.fences), now, next_run)) is not None
+        return self._guard(partial(self.store.finish_dispatch, [], fences, marks, now, next_run)) is not None
+
+    def _marks(self, fences: dict[int, int], now: int) -> dict[int, int]:
+        """How far each partition's watermark may move once what was sent by
+        ``now`` is recorded (called on the tick thread, after the due runs
+        were handed on)."""
+        return {p: min(now, self._read_at[p]) - SETTLE_MS for p in fences if p in self._read_at}
 
     def _add(self, rows: list[DueRow], horizon: int) -> None:
         self._pending.update((row[0], dispatch_row(row)) for row in rows)
         handles, due = native.load_page(rows, horizon)
         expired = self._wheel.insert_batch(handles, due)
         for run_id in expired.tolist():
-            self._retry.append(self._pending.pop(run_id))
+            row = self._pending.pop(run_id, None)
+            if row is not None:  # a run the store returned twice expires once
+                self._retry.append(row)
 
     # -- dispatching ----------------------------------------------------------
 
@@ -359,17 +393,18 @@ class PartitionLeader:
             return
         self._failures = 0
         self._sent.update((row[0], (row[5], row[4])) for row in rows)
+        marks = self._marks(fences, now)
         if self.config.threads:
-            self._queue_finish(rows, fences, now)
+            self._queue_finish(rows, fences, marks, now)
         else:
             self._tell(rows, fences, now)
-            self._finished.put(self._finish(rows, fences, now, threading.Event()))
+            self._finished.put(self._finish(rows, fences, marks, now, threading.Event()))
             self._take_finished()
 
-    def _queue_finish(self, sent: list[DispatchRow], fences: dict[int, int], now: int) -> None:
+    def _queue_finish(self, sent: list[DispatchRow], fences: dict[int, int], marks: dict[int, int], now: int) -> None:
         with self._unfinished_lock:
             self._unfinished += 1
-        self._to_finish.put((sent, fences, now))
+        self._to_finish.put((sent, fences, marks, now))
 
     def _tell(self, sent: list[DispatchRow], fences: dict[int, int], now: int) -> None:
         if self.on_dispatch is not None:
@@ -381,7 +416,7 @@ class PartitionLeader:
     def _finish_loop(self, stop: threading.Event) -> None:
         while True:
             try:
-                sent, fences, now = self._to_finish.get(timeout=0.1)
+                sent, fences, marks, now = self._to_finish.get(timeout=0.1)
             except queue.Empty:
                 if stop.is_set():
                     return
@@ -390,18 +425,20 @@ class PartitionLeader:
                 # Observers hear of a batch here, not on the tick thread: a
                 # log line per run of a 25,000-run burst would delay the next.
                 self._tell(sent, fences, now)
-                self._finished.put(self._finish(sent, fences, now, stop))
+                self._finished.put(self._finish(sent, fences, marks, now, stop))
             finally:
                 with self._unfinished_lock:
                     self._unfinished -= 1
 
-    def _finish(self, sent: list[DispatchRow], fences: dict[int, int], now: int, stop: threading.Event) -> list[DueRow]:
+    def _finish(
+        self, sent: list[DispatchRow], fences: dict[int, int], marks: dict[int, int], now: int, stop: threading.Event
+    ) -> list[DueRow]:
         """Record a sent batch, retrying until the store takes it: the runs
         are out, so giving up would leave their jobs unplanned."""
         failures = 0
         while True:
             try:
-                return self.store.finish_dispatch(sent, fences, now, next_run)
+                return self.store.finish_dispatch(sent, fences, marks, now, next_run)
             except Exception as exc:
                 delay = self.config.retry_backoff_ms[min(failures, len(self.config.retry_backoff_ms) - 1)]
                 failures += 1
@@ -423,7 +460,9 @@ class PartitionLeader:
             except queue.Empty:
                 return
             self._generation += 1
-            near = [row for row in planned if row[1] < horizon]
+            # Planned by a batch sent before a partition was lost: its new
+            # leader reads them from the store.
+            near = [row for row in planned if row[1] < horizon and row[4] in self.fences]
             self._born.update(dict.fromkeys([row[0] for row in near], self._generation))
             self._add(near, horizon)
 
@@ -440,6 +479,7 @@ class _Loaded:
     horizon: int
     generation: int  # hand-overs of planned runs taken before the read began
     idle: bool  # a full reload: also the time to prune what the leader keeps
+    read_at: int  # the read began no earlier
 
 
 def _encode(rows: list[DispatchRow], fences: dict[int, int], now: int) -> tuple[list[int], list[bytes]]:

@@ -41,6 +41,11 @@ class PlannedRun:
 NEAR_MS = 40_000
 
 
+# How far a watermark trails what its leader has read: a registration that
+# reaches the store this late for its own due time is still picked up.
+SETTLE_MS = 10_000
+
+
 def is_near(run: PlannedRun | None, now_ms: int) -> bool:
     """Whether registering ``run`` must tell its leader at once."""
     return run is not None and run.due_ms <= now_ms + NEAR_MS
@@ -138,15 +143,16 @@ class ScheduleStore(Protocol):
         ...
 
     def finish_dispatch(
-        self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
+        self, rows: Sequence[DispatchRow], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
     ) -> list[DueRow]:
         """After the dispatcher has the rows durably: record them handed on
         (a run a worker already started, or one cancelled meanwhile, keeps its
-        state), plan each recurring job's next run, then move the partitions'
-        watermarks. The
-        caller vouches that every run of these partitions due by ``now_ms``
-        has been handed on (an empty ``rows`` says so for quiet partitions).
-        Returns the runs it planned."""
+        state), plan each recurring job's next run, then move the watermarks
+        of the partitions in ``marks`` up to the due time given (never back,
+        and never for a fence older than the partition's). The caller vouches
+        that every run of those partitions due by then has been handed on (an
+        empty ``rows`` says so for quiet partitions). Returns the runs it
+        planned."""
         ...
 
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:

@@ -142,7 +142,14 @@ def assert_exactly_once(keys: Counter[str], expected: set[str]) -> None:
 
 
 def wait_all_ran(cluster: Cluster, expected: set[str], timeout_s: float) -> Counter[str]:
-    wait_for(lambda: set(cluster.ledger_keys()) >= expected, timeout_s, f"{len(expected)} runs in the ledger")
+    try:
+        wait_for(lambda: set(cluster.ledger_keys()) >= expected, timeout_s, f"{len(expected)} runs in the ledger")
+    except AssertionError:
+        missing = sorted(expected - set(cluster.ledger_keys()))
+        died = {name: proc.returncode for name, proc in cluster.procs.items() if proc.poll() is not None}
+        raise AssertionError(
+            f"{len(missing)} of {len(expected)} runs never ran (first: {missing[:5]}); processes ended: {died}"
+        ) from None
     time.sleep(2)  # would a duplicate still arrive?
     return cluster.ledger_keys()
 

@@ -17,6 +17,7 @@ from pysched.model import Job
 from pysched.node import open_cluster, open_embedded
 from pysched.planning import next_run
 from pysched.protocols import (
+    SETTLE_MS,
     ClaimOutcome,
     Coordinator,
     IdempotencyClaims,
@@ -92,6 +93,11 @@ def every(fence: int) -> dict[int, int]:
     return dict.fromkeys(range(4), fence)
 
 
+def read_through(now: int) -> dict[int, int]:
+    """The watermarks of a leader that read every partition at ``now``."""
+    return dict.fromkeys(range(4), now - SETTLE_MS)
+
+
 def due(backend: Backend, horizon: int, fence: int, now: int) -> list[tuple[int, int]]:
     return [(r[0], r[1]) for r in backend.store.due_runs(every(fence), horizon, now)]
 
@@ -102,7 +108,7 @@ def dispatch(
     """One leader step: everything due, begun, (published,) finished."""
     rows = [r for r in backend.store.due_runs(every(fence), horizon, now) if r[1] <= now]
     sent = [dispatch_row(r) for r in rows]
-    planned = backend.store.finish_dispatch(sent, every(fence), now, next_run)
+    planned = backend.store.finish_dispatch(sent, every(fence), read_through(now), now, next_run)
     return sent, planned
 
 
@@ -153,7 +159,7 @@ def test_dispatch_hands_each_run_on_once_and_plans_the_next(backend: Backend) ->
     # Once the leader says nothing is left unsent up to a later now, the store
     # never hands the run out again (within the settle window it may: the
     # leader skips what it sent itself).
-    backend.store.finish_dispatch([], every(1), T0 + 75_000, next_run)
+    backend.store.finish_dispatch([], every(1), read_through(T0 + 75_000), T0 + 75_000, next_run)
     assert due(backend, T0 + 180_000, 1, T0 + 75_000) == [(planned[0][0], T0 + 120_000)]
     assert backend.store.watermarks()[2] >= T0 + 60_000 - 10_000
 
@@ -194,7 +200,9 @@ def test_a_stale_leaders_record_hides_nothing_from_its_successor(backend: Backen
     assert [r[2] for r in rows] == ["o"]
     for p in range(4):
         backend.store.raise_fence(p, 2)  # the successor's fence, published before it reads
-    backend.store.finish_dispatch([dispatch_row(r) for r in rows], every(1), T0 + 30_000, next_run)
+    backend.store.finish_dispatch(
+        [dispatch_row(r) for r in rows], every(1), read_through(T0 + 30_000), T0 + 30_000, next_run
+    )
     assert [r[2] for r in backend.store.due_runs(every(2), T0 + 90_000, T0 + 30_100)] == ["o"]
 
 
@@ -216,6 +224,19 @@ def test_a_run_rejected_for_its_fence_reaches_the_new_leader(backend: Backend) -
     # A run that started meanwhile is not handed back.
     assert store.run_started(record(sent, 2), "w2", T0 + 30_300)
     assert not store.hand_back(rejected, T0 + 30_400)
+
+
+def test_a_run_handed_back_ahead_of_the_watermark_is_read_once(backend: Backend) -> None:
+    # Found by the paused-leader process test: the run's first row and the
+    # row its hand-back added, read together, crashed the leader's wheel.
+    store = backend.store
+    store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 500)
+    for p in range(4):
+        store.raise_fence(p, 2)
+    backend.claims.raise_fence(0, 2)
+    store.hand_back(record(sent, 1), T0 + 600)
+    assert [(r[2], r[1]) for r in store.due_runs(every(2), T0 + 60_000, T0 + 700)] == [("o", T0 + 100)]
 
 
 def test_one_shot_completes_after_dispatch(backend: Backend) -> None:

@@ -39,7 +39,7 @@ def old_history(db_path: Path, runs: int = 5) -> None:
         for k in range(runs):
             now = start + k * HOUR_MS
             rows = [dispatch_row(r) for r in store.due_runs(fences, now + 1, now)]
-            store.finish_dispatch(rows, fences, now, next_run)
+            store.finish_dispatch(rows, fences, {}, now, next_run)
             for row in rows:
                 record = DispatchRecord(*row, 1, now)
                 store.run_started(record, "w", now)

@@ -101,7 +101,7 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     rows = backends.store.due_runs(old, T0 + 60_000, T0 + 100)
     sent = [dispatch_row(r) for r in rows]
     stale_payload = native.encode_batch(sent, old[0], T0 + 100)[0]
-    backends.store.finish_dispatch(sent, old, T0 + 100, next_run)
+    backends.store.finish_dispatch(sent, old, {}, T0 + 100, next_run)
     # The old leader pauses past its lease; another node takes over.
     new = backends.coordinator.poll("new", T0 + 5_000)
     assert new and all(new[p] > old[p] for p in old)
@@ -112,7 +112,7 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     # The new leader hands the run on again under its fence and it runs once.
     again = backends.store.due_runs(new, T0 + 60_000, T0 + 5_000)
     sent = [dispatch_row(r) for r in again]
-    backends.store.finish_dispatch(sent, new, T0 + 5_000, next_run)
+    backends.store.finish_dispatch(sent, new, {}, T0 + 5_000, next_run)
     payload = native.encode_batch(sent, new[0], T0 + 5_000)[0]
     assert pool.handle(payload) is ClaimOutcome.CLAIMED
     assert pool.handle(payload) is ClaimOutcome.SUCCEEDED

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout
@@ -35,6 +35,7 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement
 from pysched.config import ClusterConfig, host_port
 from pysched.model import Job
 from pysched.protocols import (
+    SETTLE_MS,
     DispatchRow,
     DueRow,
     Fences,
@@ -55,9 +56,6 @@ log = logging.getLogger("pysched.cassandra")
 BUCKET_MS = 60_000
 # A run a worker hands back is due this long after: ahead of any watermark.
 HAND_BACK_MS = 1_000
-# How far the watermark trails "now": a registration that reaches the store
-# this late for its own due time is still picked up.
-SETTLE_MS = 10_000
 # Watermarks move in steps of this much at least: fewer fenced writes.
 WATERMARK_STEP_MS = 5_000
 # A registration that died half-way holds its id this long.
@@ -507,27 +505,30 @@ class CassandraScheduleStore:
             for bucket in range(start // BUCKET_MS, (horizon_ms - 1) // BUCKET_MS + 1):
                 args.append((bucket, p, start, horizon_ms))
         results = execute_concurrent_with_args(self.session, self._bucket, args, concurrency=64)
-        rows: list[DueRow] = []
+        rows: dict[int, DueRow] = {}
         for (_, p, _, _), (ok, result) in zip(args, results, strict=True):
             if not ok:
                 raise result
-            # Attempt 1: re-sends after a failover are not counted here.
-            rows.extend((r.run_id, r.due_ms, r.job_id, r.run_at_ms, p, r.attempt_group, 1) for r in result)
-        rows.sort(key=lambda r: (r[1], r[0]))
-        return rows
+            for r in result:
+                # A run handed back has a second row, due later: the run is
+                # due once, at the earlier. Attempt 1: re-sends after a
+                # failover are not counted here.
+                known = rows.get(r.run_id)
+                if known is None or r.due_ms < known[1]:
+                    rows[r.run_id] = (r.run_id, r.due_ms, r.job_id, r.run_at_ms, p, r.attempt_group, 1)
+        return sorted(rows.values(), key=lambda r: (r[1], r[0]))
 
     def finish_dispatch(
-        self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
+        self, rows: Sequence[DispatchRow], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
     ) -> list[DueRow]:
         if rows:
             self._concurrent(self._mark_dispatched, [(fences[r[4]], now_ms, r[1], r[2], r[6]) for r in rows])
         planned = self._plan(rows, now_ms, plan_next)
         # Only now, with the next runs planned, may the watermarks move; in
         # steps of a few seconds, which a new leader sends again at most.
-        through = now_ms - SETTLE_MS
         moves = [
             (through, fences[p], p, fences[p], through)
-            for p in fences
+            for p, through in marks.items()
             if self._wm_cache.get(p, -1) < through - WATERMARK_STEP_MS
         ]
         self._concurrent(self._set_watermark, moves)

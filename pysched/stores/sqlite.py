@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from pysched.model import Job
@@ -219,7 +219,7 @@ class SQLiteScheduleStore:
         return [(int(r), int(d), str(j), int(a), int(p), int(g), int(n)) for r, d, j, a, p, g, n in rows]
 
     def finish_dispatch(
-        self, rows: Sequence[DispatchRow], fences: Fences, now_ms: int, plan_next: PlanNext
+        self, rows: Sequence[DispatchRow], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
     ) -> list[DueRow]:
         next_runs: list[DueRow] = []
         with self.db.transaction() as conn:
@@ -257,7 +257,9 @@ class SQLiteScheduleStore:
                 run_id = self._insert_run(conn, job_id, partition, planned)
                 if run_id is not None:
                     next_runs.append((run_id, planned.due_ms, job_id, planned.run_at_ms, partition, 0, 1))
-            marks_by_partition: dict[int, int] = {}
+            # Shown by `pysched status`; reads go by each run's state, never
+            # by the watermark.
+            marks_by_partition = dict(marks)
             for r in rows:
                 marks_by_partition[r[4]] = max(marks_by_partition.get(r[4], r[3]), r[3])
             conn.executemany(
