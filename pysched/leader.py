@@ -116,7 +116,10 @@ class PartitionLeader:
         # still being written) must not resend it; at a later attempt (its
         # worker's lease died, a new fence) it is a new delivery.
         self._sent: dict[int, tuple[int, int]] = {}  # run_id -> (attempt, partition)
-        self._retry: list[DispatchRow] = []
+        # Runs due but not yet handed on (overdue when loaded, or a failed
+        # publish), by run id: a reload during an outage finds them again and
+        # must not queue a second copy.
+        self._retry: dict[int, DispatchRow] = {}
         self._failures = 0
         self._retry_at = 0
         self._standby_logged = False
@@ -262,7 +265,7 @@ class PartitionLeader:
         for run_id in [r for r, row in self._pending.items() if row[4] in partitions]:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
-        self._retry = [row for row in self._retry if row[4] not in partitions]
+        self._retry = {r: row for r, row in self._retry.items() if row[4] not in partitions}
 
     # -- loading --------------------------------------------------------------
 
@@ -366,16 +369,19 @@ class PartitionLeader:
         for run_id in expired.tolist():
             row = self._pending.pop(run_id, None)
             if row is not None:  # a run the store returned twice expires once
-                self._retry.append(row)
+                self._retry[run_id] = row
 
     # -- dispatching ----------------------------------------------------------
 
     def _dispatch(self, due: np.ndarray) -> None:
-        rows = self._retry
-        self._retry = []
-        rows.extend(self._pending.pop(r) for r in due.tolist() if r in self._pending)
+        batch = self._retry
+        self._retry = {}
+        for run_id in due.tolist():
+            row = self._pending.pop(run_id, None)
+            if row is not None:
+                batch[run_id] = row
         fences = dict(self.fences)
-        rows = [row for row in rows if row[4] in fences]
+        rows = [row for row in batch.values() if row[4] in fences]
         if not rows:
             return
         now = self.clock.now_ms()
@@ -385,7 +391,7 @@ class PartitionLeader:
             # Nothing moved past these runs: keep them and try again shortly.
             delay = self.config.retry_backoff_ms[min(self._failures, len(self.config.retry_backoff_ms) - 1)]
             self._failures += 1
-            self._retry = rows + self._retry
+            self._retry = {row[0]: row for row in rows} | self._retry
             self._retry_at = self.clock.now_ms() + delay
             log.warning(
                 "dispatch of %d runs failed (%s: %s); retrying in %d ms", len(rows), type(exc).__name__, exc, delay

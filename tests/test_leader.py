@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from pysched import native
@@ -12,7 +13,7 @@ from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.model import Job
 from pysched.node import open_embedded
 from pysched.planning import next_run
-from pysched.protocols import ClaimOutcome, DueRow, Fences, PlannedRun, ScheduleStore, dispatch_row
+from pysched.protocols import ClaimOutcome, Dispatcher, DueRow, Fences, PlannedRun, ScheduleStore, dispatch_row
 from pysched.registry import register
 from pysched.worker import WorkerPool
 
@@ -180,3 +181,43 @@ def test_the_next_run_counts_from_due_times() -> None:
         T0 + 11 * 60_000, T0 + 11 * 60_000 + 30_000
     )
     assert next_run(minutely, 0, T0, T0 + 10 * 60_000 + 5) == PlannedRun(T0 + 11 * 60_000, T0 + 11 * 60_000)
+
+
+class DownUntil:
+    """The in-process dispatcher, failing every publish before ``until_ms``
+    (a broker outage; test double around the real dispatcher)."""
+
+    def __init__(self, dispatcher: Dispatcher, clock: ManualClock, until_ms: int) -> None:
+        self._dispatcher = dispatcher
+        self._clock = clock
+        self._until_ms = until_ms
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._dispatcher, name)
+
+    def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
+        if self._clock.now_ms() < self._until_ms:
+            raise ConnectionError("broker unreachable")
+        self._dispatcher.publish(partitions, payloads)
+
+
+def test_runs_overdue_through_an_outage_are_sent_once_after_it(tmp_path: Path) -> None:
+    # While publishing failed, every reload added the overdue runs to the
+    # retry list once more: after recovery each was sent once per reload.
+    backends = open_embedded(tmp_path / "leader.db")
+    for k in range(3):
+        register(backends.store, job({"id": f"o{k}", "schedule": {"kind": "once", "run_at_ms": T0 + 1_000 + k}}), T0)
+    stop = threading.Event()
+    clock = StoppingClock(T0, T0 + 30_000, stop)
+    events: list[RunDispatched] = []
+    PartitionLeader(
+        backends.store,
+        backends.coordinator,
+        DownUntil(backends.dispatcher, clock, T0 + 20_000),  # type: ignore[arg-type]
+        clock,
+        "n",
+        LeaderConfig(reload_every_ms=1_000, threads=False),
+        events.append,
+    ).run(stop)
+    assert Counter(e.job_id for e in events) == {"o0": 1, "o1": 1, "o2": 1}
+    assert backends.dispatcher.qsize() == 3
