@@ -106,6 +106,8 @@ class PartitionLeader:
         self.on_dispatch = on_dispatch
         self.fences: dict[int, int] = {}  # what the tick loop acts on
         self._owned: dict[int, int] = {}  # what the coordinator last granted
+        self._granted_at = 0  # when the poll that granted it began
+        self._unanswered_logged = False
         self._owned_lock = threading.Lock()
         self._wheel = native.TimingWheel(clock.now_ms())
         # run_id -> the row to send, for the runs in the wheel: kept in the
@@ -191,10 +193,30 @@ class PartitionLeader:
             stop.wait(self.config.coordinate_every_ms / 1000)
 
     def _coordinate(self) -> None:
-        owned = self._guard(lambda: self.coordinator.poll(self.holder, self.clock.now_ms()))
+        began = self.clock.now_ms()
+        owned = self._guard(lambda: self.coordinator.poll(self.holder, began))
         if owned is not None:
             with self._owned_lock:
                 self._owned = owned
+                self._granted_at = began
+
+    def _granted(self, now: int) -> dict[int, int]:
+        """What the coordinator granted, while its answer holds: past that,
+        another node may lead these partitions, and this one stops sending
+        until the coordinator answers again."""
+        with self._owned_lock:
+            owned, granted_at = self._owned, self._granted_at
+        if not owned or now < granted_at + self.coordinator.answer_valid_ms:
+            self._unanswered_logged = False
+            return owned
+        if not self._unanswered_logged:
+            log.error(
+                "no answer from the coordinator for %.1f s: stopped leading %d partitions until it answers",
+                (now - granted_at) / 1000,
+                len(owned),
+            )
+            self._unanswered_logged = True
+        return {}
 
     def _tick_loop(self, stop: threading.Event) -> None:
         cfg = self.config
@@ -204,8 +226,7 @@ class PartitionLeader:
             if not cfg.threads and now >= next_coordinate:
                 next_coordinate = now + cfg.coordinate_every_ms
                 self._coordinate()
-            with self._owned_lock:
-                owned = self._owned
+            owned = self._granted(now)
             if owned != self.fences and self._take(owned):
                 self._reload_all.set()
             if not self.fences:

@@ -127,6 +127,8 @@ def open_cluster_store(config: ClusterConfig) -> tuple[ScheduleStore, Callable[[
 class _NoCoordinator:
     """For processes that only read or register (CLI) or only execute (workers)."""
 
+    answer_valid_ms = 0  # it never grants anything
+
     def poll(self, holder: str, now_ms: int) -> dict[int, int]:
         return {}
 

@@ -213,6 +213,11 @@ class Lease:
 class Coordinator(Protocol):
     """Leadership of the schedule partitions, leases and fences."""
 
+    # How long a successful poll's answer holds, from when the poll began:
+    # the holder's lease outlives it, so no other holder can have taken a
+    # partition before then. A leader with no newer answer stops dispatching.
+    answer_valid_ms: int
+
     def poll(self, holder: str, now_ms: int) -> dict[int, int]:
         """Acquire, renew or give up partitions; returns those this holder
         leads now with their fences (empty while standing by). A fence is

@@ -13,7 +13,16 @@ from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.model import Job
 from pysched.node import open_embedded
 from pysched.planning import next_run
-from pysched.protocols import ClaimOutcome, Dispatcher, DueRow, Fences, PlannedRun, ScheduleStore, dispatch_row
+from pysched.protocols import (
+    ClaimOutcome,
+    Coordinator,
+    Dispatcher,
+    DueRow,
+    Fences,
+    PlannedRun,
+    ScheduleStore,
+    dispatch_row,
+)
 from pysched.registry import register
 from pysched.worker import WorkerPool
 
@@ -221,3 +230,49 @@ def test_runs_overdue_through_an_outage_are_sent_once_after_it(tmp_path: Path) -
     ).run(stop)
     assert Counter(e.job_id for e in events) == {"o0": 1, "o1": 1, "o2": 1}
     assert backends.dispatcher.qsize() == 3
+
+
+class UnreachableBetween:
+    """The real coordinator, unreachable from ``start_ms`` to ``end_ms``
+    (test double around it)."""
+
+    def __init__(self, coordinator: Coordinator, clock: ManualClock, start_ms: int, end_ms: int) -> None:
+        self._coordinator = coordinator
+        self._clock = clock
+        self._start_ms = start_ms
+        self._end_ms = end_ms
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._coordinator, name)
+
+    def poll(self, holder: str, now_ms: int) -> dict[int, int]:
+        if self._start_ms <= self._clock.now_ms() < self._end_ms:
+            raise ConnectionError("coordinator unreachable")
+        return self._coordinator.poll(holder, now_ms)
+
+
+def test_a_leader_that_cannot_prove_its_lease_stops_dispatching_until_it_can(tmp_path: Path) -> None:
+    # It kept leading on its last answer for as long as the coordinator
+    # was unreachable, while others may have taken its partitions.
+    backends = open_embedded(tmp_path / "leader.db")
+    register(backends.store, job({"id": "s", "schedule": {"kind": "cron", "expr": "* * * * * *"}}), T0)
+    stop = threading.Event()
+    clock = StoppingClock(T0, T0 + 60_000, stop)
+    coordinator = UnreachableBetween(backends.coordinator, clock, T0 + 10_000, T0 + 40_000)
+    events: list[RunDispatched] = []
+    PartitionLeader(
+        backends.store,
+        coordinator,  # type: ignore[arg-type]
+        backends.dispatcher,
+        clock,
+        "n",
+        LeaderConfig(threads=False),
+        events.append,
+    ).run(stop)
+    # The last answer came from a poll begun before T0 + 10 s.
+    valid_until = T0 + 10_000 + backends.coordinator.answer_valid_ms
+    sent_at = [e.dispatched_at_ms for e in events]
+    assert not [t for t in sent_at if valid_until <= t < T0 + 40_000]
+    # On its last answer while that held, and again once it was answered.
+    assert max(t for t in sent_at if t < T0 + 40_000) > T0 + 10_000
+    assert len([t for t in sent_at if t >= T0 + 40_000]) >= 19

@@ -42,6 +42,7 @@ class ScriptedCoordinator:
 
     backends: Backends
     owned: dict[int, int] = field(default_factory=dict)
+    answer_valid_ms: int = 3_600_000
 
     def grant(self, owned: dict[int, int]) -> None:
         for p, fence in owned.items():

@@ -38,6 +38,10 @@ class EtcdCoordinator:
     ) -> None:
         self.partitions = config.partitions
         self.ttl_s = config.lease_ttl_s
+        # A poll refreshes the lease once it is a quarter of its TTL old, so
+        # at least three quarters remain when a poll begins; less a second
+        # for a batch still being handed on.
+        self.answer_valid_ms = max(self.ttl_s * 750 - 1_000, self.ttl_s * 250)
         self.prefix = (prefix or f"/pysched/{config.keyspace}").rstrip("/")
         self.publish_fence = publish_fence
         self.endpoint = config.etcd

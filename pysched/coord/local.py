@@ -33,6 +33,9 @@ class SQLiteLeaseCoordinator:
         self.db = db if isinstance(db, SQLiteDatabase) else SQLiteDatabase(db)
         self.partitions = partitions
         self.ttl_ms = ttl_ms
+        # Each poll renews the lease for ttl_ms; a second's margin covers a
+        # batch still being handed on when the answer runs out.
+        self.answer_valid_ms = max(ttl_ms - 1_000, ttl_ms // 2)
         self._leases: dict[str, Lease] = {}
 
     def poll(self, holder: str, now_ms: int) -> dict[int, int]:
