@@ -17,6 +17,7 @@ from pysched._reference import codec as ref_codec
 from pysched._reference import jitter as ref_jitter
 from pysched._reference import loader as ref_loader
 from pysched._reference import wheel as ref_wheel
+from pysched.protocols import Run
 
 IMPLS = {"native": "native", "reference": "reference"}
 WHEELS: dict[str, Callable[[int], Any]] = {"native": _native.TimingWheel, "reference": ref_wheel.TimingWheel}
@@ -90,7 +91,7 @@ def test_bucket_planning_50k(benchmark: Any, impl: str) -> None:
 
 
 LOAD = {"native": _loader.load_page, "reference": ref_loader.load_page}
-PAGE = [(i, T0 + i) for i in range(50_000)]
+PAGE = [Run(i, f"job-{i}", T0, T0 + i, i % 64, 1, 0) for i in range(50_000)]
 
 
 @pytest.mark.parametrize("impl", IMPLS)

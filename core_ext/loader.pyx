@@ -1,9 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Batch bucket loading: rows of a store page -> the arrays the wheel takes.
 
-A page arrives from the store driver as a sequence of rows whose first two
-columns are (run_id, due_ms). Rows due at or after ``horizon_ms`` belong to a
-later load and are left out. ``pysched._reference.loader`` is the twin.
+A page arrives from the store as a sequence of ``pysched.protocols.Run``
+rows: run_id in column 0, due_ms in column 3. Rows due at or after
+``horizon_ms`` belong to a later load and are left out. ``pysched._reference.loader`` is the twin.
 """
 
 import numpy as np
@@ -23,7 +23,7 @@ def load_page(rows, int64_t horizon_ms):
     cdef int64_t due_ms
     cdef object row
     for row in rows:
-        due_ms = row[1]
+        due_ms = row[3]
         if due_ms < horizon_ms:
             h[kept] = row[0]
             d[kept] = due_ms

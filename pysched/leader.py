@@ -37,10 +37,8 @@ from pysched.protocols import (
     SETTLE_MS,
     Coordinator,
     Dispatcher,
-    DispatchRow,
-    DueRow,
+    Run,
     ScheduleStore,
-    dispatch_row,
 )
 
 log = logging.getLogger("pysched.leader")
@@ -112,7 +110,7 @@ class PartitionLeader:
         self._wheel = native.TimingWheel(clock.now_ms())
         # run_id -> the row to send, for the runs in the wheel: kept in the
         # shape the codec takes, so a burst converts nothing when it fires.
-        self._pending: dict[int, DispatchRow] = {}
+        self._pending: dict[int, Run] = {}
         # Runs handed on that the store may still return: a reload that finds
         # one again at the same attempt (its watermark trails, its record is
         # still being written) must not resend it; at a later attempt (its
@@ -121,16 +119,14 @@ class PartitionLeader:
         # Runs due but not yet handed on (overdue when loaded, or a failed
         # publish), by run id: a reload during an outage finds them again and
         # must not queue a second copy.
-        self._retry: dict[int, DispatchRow] = {}
+        self._retry: dict[int, Run] = {}
         self._failures = 0
         self._retry_at = 0
         self._standby_logged = False
         # Recording what was sent (next runs, watermarks) happens off the tick
         # thread: a burst's 50,000 store writes must not hold up the next fire.
-        self._to_finish: queue.SimpleQueue[tuple[list[DispatchRow], dict[int, int], dict[int, int], int]] = (
-            queue.SimpleQueue()
-        )
-        self._finished: queue.SimpleQueue[list[DueRow]] = queue.SimpleQueue()
+        self._to_finish: queue.SimpleQueue[tuple[list[Run], dict[int, int], dict[int, int], int]] = queue.SimpleQueue()
+        self._finished: queue.SimpleQueue[list[Run]] = queue.SimpleQueue()
         self._unfinished = 0
         self._unfinished_lock = threading.Lock()
         # Loading happens off the tick thread too: reading 25,000 rows from the
@@ -283,10 +279,10 @@ class PartitionLeader:
         for p in partitions:
             self._read_at.pop(p, None)
         self._sent = {r: s for r, s in self._sent.items() if s[1] not in partitions}
-        for run_id in [r for r, row in self._pending.items() if row[4] in partitions]:
+        for run_id in [r for r, row in self._pending.items() if row.partition in partitions]:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
-        self._retry = {r: row for r, row in self._retry.items() if row[4] not in partitions}
+        self._retry = {r: row for r, row in self._retry.items() if row.partition not in partitions}
 
     # -- loading --------------------------------------------------------------
 
@@ -339,26 +335,26 @@ class PartitionLeader:
         # Partitions lost (or led again under a new fence) since the read
         # are not this load's to touch.
         fences = {p: f for p, f in loaded.fences.items() if self.fences.get(p) == f}
-        rows = [row for row in loaded.rows if row[4] in fences]
-        fresh = {row[0] for row in rows}
+        rows = [row for row in loaded.rows if row.partition in fences]
+        fresh = {row.run_id for row in rows}
         # Runs that left the store (cancelled, rescheduled) leave the wheel;
         # runs planned after the read began are not in it and stay.
         gone = [
             r
             for r, row in self._pending.items()
-            if row[4] in fences and r not in fresh and self._born.get(r, -1) <= loaded.generation
+            if row.partition in fences and r not in fresh and self._born.get(r, -1) <= loaded.generation
         ]
         for run_id in gone:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
-        self._add([row for row in rows if self._sent.get(row[0], _UNSENT)[0] != row[6]], loaded.horizon)
+        self._add([row for row in rows if self._sent.get(row.run_id, _UNSENT)[0] != row.attempt], loaded.horizon)
         for p in fences:
             self._read_at[p] = max(self._read_at.get(p, loaded.read_at), loaded.read_at)
         if loaded.idle:
             # Forget a sent run only once the store no longer returns it, not
             # after a while: a watermark held back by a slow store would
             # otherwise bring back, and resend, everything sent since.
-            read = {row[0] for row in loaded.rows}
+            read = {row.run_id for row in loaded.rows}
             self._sent = {r: s for r, s in self._sent.items() if r in read or s[1] not in loaded.fences}
             self._born = {r: g for r, g in self._born.items() if r in self._pending}
 
@@ -383,8 +379,8 @@ class PartitionLeader:
         were handed on)."""
         return {p: min(now, self._read_at[p]) - SETTLE_MS for p in fences if p in self._read_at}
 
-    def _add(self, rows: list[DueRow], horizon: int) -> None:
-        self._pending.update((row[0], dispatch_row(row)) for row in rows)
+    def _add(self, rows: list[Run], horizon: int) -> None:
+        self._pending.update((row.run_id, row) for row in rows)
         handles, due = native.load_page(rows, horizon)
         expired = self._wheel.insert_batch(handles, due)
         for run_id in expired.tolist():
@@ -402,7 +398,7 @@ class PartitionLeader:
             if row is not None:
                 batch[run_id] = row
         fences = dict(self.fences)
-        rows = [row for row in batch.values() if row[4] in fences]
+        rows = [row for row in batch.values() if row.partition in fences]
         if not rows:
             return
         now = self.clock.now_ms()
@@ -412,14 +408,14 @@ class PartitionLeader:
             # Nothing moved past these runs: keep them and try again shortly.
             delay = self.config.retry_backoff_ms[min(self._failures, len(self.config.retry_backoff_ms) - 1)]
             self._failures += 1
-            self._retry = {row[0]: row for row in rows} | self._retry
+            self._retry = {row.run_id: row for row in rows} | self._retry
             self._retry_at = self.clock.now_ms() + delay
             log.warning(
                 "dispatch of %d runs failed (%s: %s); retrying in %d ms", len(rows), type(exc).__name__, exc, delay
             )
             return
         self._failures = 0
-        self._sent.update((row[0], (row[5], row[4])) for row in rows)
+        self._sent.update((row.run_id, (row.attempt, row.partition)) for row in rows)
         marks = self._marks(fences, now)
         if self.config.threads:
             self._queue_finish(rows, fences, marks, now)
@@ -428,15 +424,15 @@ class PartitionLeader:
             self._finished.put(self._finish(rows, fences, marks, now, threading.Event()))
             self._take_finished()
 
-    def _queue_finish(self, sent: list[DispatchRow], fences: dict[int, int], marks: dict[int, int], now: int) -> None:
+    def _queue_finish(self, sent: list[Run], fences: dict[int, int], marks: dict[int, int], now: int) -> None:
         with self._unfinished_lock:
             self._unfinished += 1
         self._to_finish.put((sent, fences, marks, now))
 
-    def _tell(self, sent: list[DispatchRow], fences: dict[int, int], now: int) -> None:
+    def _tell(self, sent: list[Run], fences: dict[int, int], now: int) -> None:
         if self.on_dispatch is not None:
             for row in sent:
-                self.on_dispatch(_event(row, now, fences[row[4]]))
+                self.on_dispatch(_event(row, now, fences[row.partition]))
 
     # -- recording ------------------------------------------------------------
 
@@ -458,8 +454,8 @@ class PartitionLeader:
                     self._unfinished -= 1
 
     def _finish(
-        self, sent: list[DispatchRow], fences: dict[int, int], marks: dict[int, int], now: int, stop: threading.Event
-    ) -> list[DueRow]:
+        self, sent: list[Run], fences: dict[int, int], marks: dict[int, int], now: int, stop: threading.Event
+    ) -> list[Run]:
         """Record a sent batch, retrying until the store takes it: the runs
         are out, so giving up would leave their jobs unplanned."""
         failures = 0
@@ -489,8 +485,8 @@ class PartitionLeader:
             self._generation += 1
             # Planned by a batch sent before a partition was lost: its new
             # leader reads them from the store.
-            near = [row for row in planned if row[1] < horizon and row[4] in self.fences]
-            self._born.update(dict.fromkeys([row[0] for row in near], self._generation))
+            near = [row for row in planned if row.due_ms < horizon and row.partition in self.fences]
+            self._born.update(dict.fromkeys([row.run_id for row in near], self._generation))
             self._add(near, horizon)
 
 
@@ -502,30 +498,30 @@ class _Loaded:
     """What the loader read, for the tick thread to put in the wheel."""
 
     fences: dict[int, int]
-    rows: list[DueRow]
+    rows: list[Run]
     horizon: int
     generation: int  # hand-overs of planned runs taken before the read began
     idle: bool  # a full reload: also the time to prune what the leader keeps
     read_at: int  # the read began no earlier
 
 
-def _encode(rows: list[DispatchRow], fences: dict[int, int], now: int) -> tuple[list[int], list[bytes]]:
+def _encode(rows: list[Run], fences: dict[int, int], now: int) -> tuple[list[int], list[bytes]]:
     distinct = set(fences.values())
     if len(distinct) == 1:
         # One fence for every partition (the embedded leader): one batch.
-        return [r[4] for r in rows], native.encode_batch(rows, distinct.pop(), now)
-    by_fence: dict[int, list[DispatchRow]] = {}
+        return [r.partition for r in rows], native.encode_batch(rows, distinct.pop(), now)
+    by_fence: dict[int, list[Run]] = {}
     for row in rows:
-        by_fence.setdefault(fences[row[4]], []).append(row)
+        by_fence.setdefault(fences[row.partition], []).append(row)
     partitions: list[int] = []
     payloads: list[bytes] = []
     for fence, group in by_fence.items():
-        partitions.extend(r[4] for r in group)
+        partitions.extend(r.partition for r in group)
         payloads.extend(native.encode_batch(group, fence, now))
     return partitions, payloads
 
 
-def _event(row: DispatchRow, now: int, fence: int) -> RunDispatched:
+def _event(row: Run, now: int, fence: int) -> RunDispatched:
     run_id, job_id, run_at_ms, due_ms, _, attempt, _ = row
     return RunDispatched(job_id, run_id, run_at_ms, due_ms, now, fence, attempt)
 

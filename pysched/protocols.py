@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pysched.model import Job
 from pysched.records import DispatchRecord
@@ -51,6 +51,20 @@ def is_near(run: PlannedRun | None, now_ms: int) -> bool:
     return run is not None and run.due_ms <= now_ms + NEAR_MS
 
 
+class Run(NamedTuple):
+    """A run on its way from the store through the wheel to a worker. One
+    column order everywhere: the native codec and loader read it by position
+    (run_id, due_ms; the codec every column)."""
+
+    run_id: int  # the wheel's handle
+    job_id: str
+    run_at_ms: int  # the schedule's time: part of the idempotency key
+    due_ms: int
+    partition: int
+    attempt: int  # the delivery this is: 1 for the first
+    attempt_group: int  # part of the idempotency key
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
@@ -78,13 +92,6 @@ class RunRecord:
     result: str | None
 
 
-# (run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group): the
-# row shape the dispatch codec encodes.
-DispatchRow = tuple[int, str, int, int, int, int, int]
-# (run_id, due_ms, job_id, run_at_ms, partition, attempt_group, attempt): a run
-# waiting in the wheel, with the attempt its next delivery is. The bucket
-# loader reads its first two columns.
-DueRow = tuple[int, int, str, int, int, int, int]
 # Given a job, its jitter, the run_at just dispatched and now: the next run.
 PlanNext = Callable[[Job, int, int, int], PlannedRun | None]
 # (job, partition, jitter_ms, first run): one job of a bulk registration.
@@ -134,7 +141,7 @@ class ScheduleStore(Protocol):
         leaders poll it to reload early."""
         ...
 
-    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[Run]:
         """Runs of the given partitions due before ``horizon_ms`` that their
         leader must hand on: not yet handed on, or handed on by a predecessor
         whose work may have died with it. A store whose watermark trails
@@ -143,8 +150,8 @@ class ScheduleStore(Protocol):
         ...
 
     def finish_dispatch(
-        self, rows: Sequence[DispatchRow], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
-    ) -> list[DueRow]:
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+    ) -> list[Run]:
         """After the dispatcher has the rows durably: record them handed on
         (a run a worker already started, or one cancelled meanwhile, keeps its
         state), plan each recurring job's next run, then move the watermarks
@@ -196,11 +203,6 @@ class ScheduleStore(Protocol):
         deleted, nor a job's newest finished run. Returns how many were
         deleted: fewer than ``limit`` when none is left."""
         ...
-
-
-def dispatch_row(row: DueRow) -> DispatchRow:
-    run_id, due_ms, job_id, run_at_ms, partition, attempt_group, attempt = row
-    return (run_id, job_id, run_at_ms, due_ms, partition, attempt, attempt_group)
 
 
 @dataclass(frozen=True, slots=True)

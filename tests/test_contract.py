@@ -25,8 +25,8 @@ from pysched.protocols import (
     JobNotActive,
     JobNotFound,
     PlannedRun,
+    Run,
     ScheduleStore,
-    dispatch_row,
 )
 from pysched.records import DispatchRecord
 from tests.conftest import cluster_config_for
@@ -83,7 +83,7 @@ def once_job(job_id: str, at: int) -> Job:
     )
 
 
-def record(row: tuple[int, str, int, int, int, int, int], fence: int) -> DispatchRecord:
+def record(row: Run | tuple[int, str, int, int, int, int, int], fence: int) -> DispatchRecord:
     run_id, job_id, run_at, due, partition, attempt, group = row
     return DispatchRecord(run_id, job_id, run_at, due, partition, attempt, group, fence, T0)
 
@@ -99,15 +99,12 @@ def read_through(now: int) -> dict[int, int]:
 
 
 def due(backend: Backend, horizon: int, fence: int, now: int) -> list[tuple[int, int]]:
-    return [(r[0], r[1]) for r in backend.store.due_runs(every(fence), horizon, now)]
+    return [(r.run_id, r.due_ms) for r in backend.store.due_runs(every(fence), horizon, now)]
 
 
-def dispatch(
-    backend: Backend, horizon: int, fence: int, now: int
-) -> tuple[list[tuple[int, str, int, int, int, int, int]], list[tuple[int, int, str, int, int, int]]]:
+def dispatch(backend: Backend, horizon: int, fence: int, now: int) -> tuple[list[Run], list[Run]]:
     """One leader step: everything due, begun, (published,) finished."""
-    rows = [r for r in backend.store.due_runs(every(fence), horizon, now) if r[1] <= now]
-    sent = [dispatch_row(r) for r in rows]
+    sent = [r for r in backend.store.due_runs(every(fence), horizon, now) if r.due_ms <= now]
     planned = backend.store.finish_dispatch(sent, every(fence), read_through(now), now, next_run)
     return sent, planned
 
@@ -154,13 +151,15 @@ def test_dispatch_hands_each_run_on_once_and_plans_the_next(backend: Backend) ->
     ((run_id, due_ms),) = due(backend, T0 + 120_000, 1, T0)
     sent, planned = dispatch(backend, T0 + 120_000, 1, T0 + 60_001)
     assert [r[:5] for r in sent] == [(run_id, "minutely", T0 + 60_000, due_ms, 2)]
-    assert sent[0][5] == 1  # attempt
-    assert [(r[1], r[2], r[3], r[4]) for r in planned] == [(T0 + 120_000, "minutely", T0 + 120_000, 2)]
+    assert sent[0].attempt == 1
+    assert [(r.due_ms, r.job_id, r.run_at_ms, r.partition) for r in planned] == [
+        (T0 + 120_000, "minutely", T0 + 120_000, 2)
+    ]
     # Once the leader says nothing is left unsent up to a later now, the store
     # never hands the run out again (within the settle window it may: the
     # leader skips what it sent itself).
     backend.store.finish_dispatch([], every(1), read_through(T0 + 75_000), T0 + 75_000, next_run)
-    assert due(backend, T0 + 180_000, 1, T0 + 75_000) == [(planned[0][0], T0 + 120_000)]
+    assert due(backend, T0 + 180_000, 1, T0 + 75_000) == [(planned[0].run_id, T0 + 120_000)]
     assert backend.store.watermarks()[2] >= T0 + 60_000 - 10_000
 
 
@@ -169,7 +168,7 @@ def test_a_run_registered_late_for_its_time_still_fires(backend: Backend) -> Non
     past = backend.clock_ms() - 120_000
     backend.store.add_job(once_job("late", past), 0, 0, PlannedRun(past, past), past)
     now = backend.clock_ms()
-    assert [r[2] for r in backend.store.due_runs(every(1), now + 60_000, now)] == ["late"]
+    assert [r.job_id for r in backend.store.due_runs(every(1), now + 60_000, now)] == ["late"]
 
 
 def test_a_registration_landing_behind_the_watermark_still_fires(
@@ -187,7 +186,7 @@ def test_a_registration_landing_behind_the_watermark_still_fires(
     dispatch(backend, wall + 900_000, 1, wall + 600_000)
     due = wall + 300_000
     backend.store.add_job(once_job("late", due), 0, 0, PlannedRun(due, due), wall)
-    assert "late" in [r[2] for r in backend.store.due_runs(every(1), wall + 900_000, wall + 601_000)]
+    assert "late" in [r.job_id for r in backend.store.due_runs(every(1), wall + 900_000, wall + 601_000)]
 
 
 def test_a_stale_leaders_record_hides_nothing_from_its_successor(backend: Backend) -> None:
@@ -197,13 +196,11 @@ def test_a_stale_leaders_record_hides_nothing_from_its_successor(backend: Backen
     # before its successor read the partition.
     backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
     rows = backend.store.due_runs(every(1), T0 + 60_000, T0 + 100)
-    assert [r[2] for r in rows] == ["o"]
+    assert [r.job_id for r in rows] == ["o"]
     for p in range(4):
         backend.store.raise_fence(p, 2)  # the successor's fence, published before it reads
-    backend.store.finish_dispatch(
-        [dispatch_row(r) for r in rows], every(1), read_through(T0 + 30_000), T0 + 30_000, next_run
-    )
-    assert [r[2] for r in backend.store.due_runs(every(2), T0 + 90_000, T0 + 30_100)] == ["o"]
+    backend.store.finish_dispatch(list(rows), every(1), read_through(T0 + 30_000), T0 + 30_000, next_run)
+    assert [r.job_id for r in backend.store.due_runs(every(2), T0 + 90_000, T0 + 30_100)] == ["o"]
 
 
 def test_a_run_rejected_for_its_fence_reaches_the_new_leader(backend: Backend) -> None:
@@ -220,7 +217,7 @@ def test_a_run_rejected_for_its_fence_reaches_the_new_leader(backend: Backend) -
     rejected = record(sent, 1)
     assert backend.claims.claim(rejected, "w1", T0 + 30_100, 30_000).outcome is ClaimOutcome.FENCED
     store.hand_back(rejected, T0 + 30_100)
-    assert [r[2] for r in store.due_runs(every(2), T0 + 90_000, T0 + 30_200)] == ["o"]
+    assert [r.job_id for r in store.due_runs(every(2), T0 + 90_000, T0 + 30_200)] == ["o"]
     # A run that started meanwhile is not handed back.
     assert store.run_started(record(sent, 2), "w2", T0 + 30_300)
     assert not store.hand_back(rejected, T0 + 30_400)
@@ -236,7 +233,7 @@ def test_a_run_handed_back_ahead_of_the_watermark_is_read_once(backend: Backend)
         store.raise_fence(p, 2)
     backend.claims.raise_fence(0, 2)
     store.hand_back(record(sent, 1), T0 + 600)
-    assert [(r[2], r[1]) for r in store.due_runs(every(2), T0 + 60_000, T0 + 700)] == [("o", T0 + 100)]
+    assert [(r.job_id, r.due_ms) for r in store.due_runs(every(2), T0 + 60_000, T0 + 700)] == [("o", T0 + 100)]
 
 
 def test_one_shot_completes_after_dispatch(backend: Backend) -> None:
@@ -262,7 +259,7 @@ def test_cancel_stops_pending_runs_and_keeps_history(backend: Backend) -> None:
 
 def test_a_run_rescheduled_after_it_was_sent_does_not_start(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
-    (row,) = [dispatch_row(r) for r in backend.store.due_runs(every(1), T0 + 60_000, T0 + 10_000)]
+    (row,) = list(backend.store.due_runs(every(1), T0 + 60_000, T0 + 10_000))
     # Sent, not yet started, when the job moves to another schedule.
     backend.store.reschedule(cron_job(expr="7 * * * *"), 0, PlannedRun(T0 + 420_000, T0 + 420_000), T0 + 10_001)
     assert not backend.store.run_started(record(row, 1), "w1", T0 + 10_002)
@@ -284,7 +281,7 @@ def test_a_run_sent_but_not_finished_is_handed_on_by_the_next_leader(backend: Ba
     # Published here; the leader dies before finish_dispatch: its successor
     # sends the run again.
     again = backend.store.due_runs(every(2), T0 + 1_000, T0 + 200)
-    assert [r[0] for r in again] == [rows[0][0]]
+    assert [r.run_id for r in again] == [rows[0].run_id]
 
 
 def test_embedded_runs_of_an_older_fence_are_handed_on_again(backend: Backend) -> None:
@@ -296,7 +293,7 @@ def test_embedded_runs_of_an_older_fence_are_handed_on_again(backend: Backend) -
     assert due(backend, T0 + 1_000, 1, T0 + 200) == []  # same leader: already handed on
     assert due(backend, T0 + 1_000, 2, T0 + 200) == [(run_id, T0 + 100)]  # new term: queue was lost
     sent, _ = dispatch(backend, T0 + 1_000, 2, T0 + 300)
-    assert sent[0][5] == 2  # attempt 2
+    assert sent[0].attempt == 2
 
 
 def test_embedded_running_run_with_dead_lease_is_handed_on_again(backend: Backend) -> None:
@@ -428,18 +425,18 @@ def test_prune_history_drops_old_finished_runs_only(backend: Backend) -> None:
         sent, _ = dispatch(backend, T0 + 60_000 * 60, 1, now)
         for row in sent:
             # A store may send a run again while its watermark trails.
-            if (row[1], row[2]) in handled:
+            if (row.job_id, row.run_at_ms) in handled:
                 continue
-            handled.add((row[1], row[2]))
-            if k == 2 and row[1] != "all-done":
+            handled.add((row.job_id, row.run_at_ms))
+            if k == 2 and row.job_id != "all-done":
                 continue
             rec = record(row, 1)
             backend.claims.claim(rec, "w1", now, 3_600_000)  # run 1 stays running
             backend.store.run_started(rec, "w1", now)
-            if k >= 3 or row[1] == "all-done":
+            if k >= 3 or row.job_id == "all-done":
                 backend.claims.complete(rec.idempotency_key, "w1", True, None, now + 1_000)
                 backend.store.run_finished(rec, "succeeded", None, None, now + 1_000)
-            if row[1] == "every-10s":
+            if row.job_id == "every-10s":
                 keys[k] = rec.idempotency_key
 
     def runs(job_id: str = "every-10s") -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 from pysched.model import Job
 from pysched.node import open_embedded
 from pysched.planning import next_run, partition_for
-from pysched.protocols import PlannedRun, dispatch_row
+from pysched.protocols import PlannedRun
 from pysched.records import DispatchRecord
 from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
 
@@ -38,7 +38,7 @@ def old_history(db_path: Path, runs: int = 5) -> None:
         fences = dict.fromkeys(range(64), 1)
         for k in range(runs):
             now = start + k * HOUR_MS
-            rows = [dispatch_row(r) for r in store.due_runs(fences, now + 1, now)]
+            rows = list(store.due_runs(fences, now + 1, now))
             store.finish_dispatch(rows, fences, {}, now, next_run)
             for row in rows:
                 record = DispatchRecord(*row, 1, now)

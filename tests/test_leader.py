@@ -17,11 +17,10 @@ from pysched.protocols import (
     ClaimOutcome,
     Coordinator,
     Dispatcher,
-    DueRow,
     Fences,
     PlannedRun,
+    Run,
     ScheduleStore,
-    dispatch_row,
 )
 from pysched.registry import register
 from pysched.worker import WorkerPool
@@ -109,7 +108,7 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     old = backends.coordinator.poll("old", T0)
     assert old
     rows = backends.store.due_runs(old, T0 + 60_000, T0 + 100)
-    sent = [dispatch_row(r) for r in rows]
+    sent = list(rows)
     stale_payload = native.encode_batch(sent, old[0], T0 + 100)[0]
     backends.store.finish_dispatch(sent, old, {}, T0 + 100, next_run)
     # The old leader pauses past its lease; another node takes over.
@@ -121,7 +120,7 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     assert backends.store.history("o")[0].state == "dispatched"  # not run
     # The new leader hands the run on again under its fence and it runs once.
     again = backends.store.due_runs(new, T0 + 60_000, T0 + 5_000)
-    sent = [dispatch_row(r) for r in again]
+    sent = list(again)
     backends.store.finish_dispatch(sent, new, {}, T0 + 5_000, next_run)
     payload = native.encode_batch(sent, new[0], T0 + 5_000)[0]
     assert pool.handle(payload) is ClaimOutcome.CLAIMED
@@ -137,15 +136,15 @@ class TrailingStore:
 
     def __init__(self, store: ScheduleStore) -> None:
         self._store = store
-        self._returned: dict[int, DueRow] = {}
+        self._returned: dict[int, Run] = {}
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[Run]:
         for row in self._store.due_runs(fences, horizon_ms, now_ms):
-            self._returned.setdefault(row[0], row)
-        return sorted(self._returned.values(), key=lambda r: (r[1], r[0]))
+            self._returned.setdefault(row.run_id, row)
+        return sorted(self._returned.values(), key=lambda r: (r.due_ms, r.run_id))
 
 
 def test_a_trailing_watermark_resends_nothing(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pysched._reference import codec as ref_codec
 from pysched._reference import jitter as ref_jitter
 from pysched._reference import loader as ref_loader
 from pysched._reference import wheel as ref_wheel
+from pysched.protocols import Run
 from pysched.records import RecordError
 
 HANDLES = st.integers(min_value=0, max_value=40)
@@ -163,9 +164,10 @@ def test_codec_refuses_out_of_range_fields(encode: object) -> None:
     st.lists(st.tuples(st.integers(min_value=0, max_value=2**62), st.integers(min_value=0, max_value=2**50))),
     st.integers(min_value=0, max_value=2**50),
 )
-def test_loader_matches(rows: list[tuple[int, int]], horizon: int) -> None:
+def test_loader_matches(ids_and_due: list[tuple[int, int]], horizon: int) -> None:
+    rows = [Run(r, f"j{r}", d, d, 0, 1, 0) for r, d in ids_and_due]
     nh, nd = _loader.load_page(rows, horizon)
     rh, rd = ref_loader.load_page(rows, horizon)
-    assert nh.tolist() == rh.tolist() == [r for r, d in rows if d < horizon]
-    assert nd.tolist() == rd.tolist() == [d for _, d in rows if d < horizon]
+    assert nh.tolist() == rh.tolist() == [r for r, d in ids_and_due if d < horizon]
+    assert nd.tolist() == rd.tolist() == [d for _, d in ids_and_due if d < horizon]
     assert nh.dtype == nd.dtype == np.int64

@@ -36,8 +36,6 @@ from pysched.config import ClusterConfig, host_port
 from pysched.model import Job
 from pysched.protocols import (
     SETTLE_MS,
-    DispatchRow,
-    DueRow,
     Fences,
     JobExists,
     JobNotActive,
@@ -46,6 +44,7 @@ from pysched.protocols import (
     PlannedRun,
     PlanNext,
     Registration,
+    Run,
     RunRecord,
     is_near,
 )
@@ -493,7 +492,7 @@ class CassandraScheduleStore:
 
     # -- the leader's side ----------------------------------------------------
 
-    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[Run]:
         if not fences:
             return []
         marks = self.watermarks()
@@ -505,7 +504,7 @@ class CassandraScheduleStore:
             for bucket in range(start // BUCKET_MS, (horizon_ms - 1) // BUCKET_MS + 1):
                 args.append((bucket, p, start, horizon_ms))
         results = execute_concurrent_with_args(self.session, self._bucket, args, concurrency=64)
-        rows: dict[int, DueRow] = {}
+        rows: dict[int, Run] = {}
         for (_, p, _, _), (ok, result) in zip(args, results, strict=True):
             if not ok:
                 raise result
@@ -514,15 +513,18 @@ class CassandraScheduleStore:
                 # due once, at the earlier. Attempt 1: re-sends after a
                 # failover are not counted here.
                 known = rows.get(r.run_id)
-                if known is None or r.due_ms < known[1]:
-                    rows[r.run_id] = (r.run_id, r.due_ms, r.job_id, r.run_at_ms, p, r.attempt_group, 1)
-        return sorted(rows.values(), key=lambda r: (r[1], r[0]))
+                if known is None or r.due_ms < known.due_ms:
+                    rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, 1, r.attempt_group)
+        return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
     def finish_dispatch(
-        self, rows: Sequence[DispatchRow], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
-    ) -> list[DueRow]:
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+    ) -> list[Run]:
         if rows:
-            self._concurrent(self._mark_dispatched, [(fences[r[4]], now_ms, r[1], r[2], r[6]) for r in rows])
+            self._concurrent(
+                self._mark_dispatched,
+                [(fences[r.partition], now_ms, r.job_id, r.run_at_ms, r.attempt_group) for r in rows],
+            )
         planned = self._plan(rows, now_ms, plan_next)
         # Only now, with the next runs planned, may the watermarks move; in
         # steps of a few seconds, which a new leader sends again at most.
@@ -536,8 +538,8 @@ class CassandraScheduleStore:
             self._wm_cache[p] = through_ms
         return planned
 
-    def _plan(self, rows: Sequence[DispatchRow], now_ms: int, plan_next: PlanNext) -> list[DueRow]:
-        job_ids = sorted({r[1] for r in rows})
+    def _plan(self, rows: Sequence[Run], now_ms: int, plan_next: PlanNext) -> list[Run]:
+        job_ids = sorted({r.job_id for r in rows})
         if not job_ids:
             return []
         jobs = {}
@@ -551,27 +553,29 @@ class CassandraScheduleStore:
             row = result.one()
             if row is not None:
                 jobs[job_id] = row
-        planned: list[DueRow] = []
+        planned: list[Run] = []
         completed: list[str] = []
         batches: list[tuple[BatchStatement, None]] = []
         for r in rows:
-            job_row = jobs.get(r[1])
+            job_row = jobs.get(r.job_id)
             if job_row is None or job_row.state != "active":
                 continue
-            if job_row.next_run_at_ms is not None and job_row.next_run_at_ms > r[2]:
+            if job_row.next_run_at_ms is not None and job_row.next_run_at_ms > r.run_at_ms:
                 continue  # a re-send: its next run was planned the first time
             job = Job.model_validate_json(job_row.spec)
-            nxt = plan_next(job, job_row.jitter_ms, r[2], now_ms)
+            nxt = plan_next(job, job_row.jitter_ms, r.run_at_ms, now_ms)
             if nxt is None:
-                completed.append(r[1])
+                completed.append(r.job_id)
                 continue
             batch = BatchStatement(batch_type=BatchType.LOGGED)
-            self._add_run_rows(batch, r[1], job_row.partition, nxt)
+            self._add_run_rows(batch, r.job_id, job_row.partition, nxt)
             # Not the state: a cancel racing this must stay a cancel.
-            batch.add(self._set_next, (nxt.run_at_ms, nxt.due_ms, now_ms, r[1]))
+            batch.add(self._set_next, (nxt.run_at_ms, nxt.due_ms, now_ms, r.job_id))
             batches.append((batch, None))
             planned.append(
-                (run_id_for(r[1], nxt.run_at_ms, 0), nxt.due_ms, r[1], nxt.run_at_ms, job_row.partition, 0, 1)
+                Run(
+                    run_id_for(r.job_id, nxt.run_at_ms, 0), r.job_id, nxt.run_at_ms, nxt.due_ms, job_row.partition, 1, 0
+                )
             )
         for ok, result in execute_concurrent(self.session, batches, concurrency=128):
             if not ok:

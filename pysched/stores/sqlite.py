@@ -9,8 +9,6 @@ from pathlib import Path
 
 from pysched.model import Job
 from pysched.protocols import (
-    DispatchRow,
-    DueRow,
     Fences,
     JobExists,
     JobNotActive,
@@ -19,6 +17,7 @@ from pysched.protocols import (
     PlannedRun,
     PlanNext,
     Registration,
+    Run,
     RunRecord,
     is_near,
 )
@@ -201,7 +200,7 @@ class SQLiteScheduleStore:
 
     # -- the leader's side ----------------------------------------------------
 
-    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[Run]:
         if not fences:
             return []
         # One node leads every partition here; its fence is the term.
@@ -210,18 +209,18 @@ class SQLiteScheduleStore:
         rows = (
             self.db.connection()
             .execute(
-                f"SELECT run_id, due_ms, job_id, run_at_ms, partition, attempt_group, attempt + 1 FROM runs"
+                f"SELECT run_id, job_id, run_at_ms, due_ms, partition, attempt + 1, attempt_group FROM runs"
                 f" WHERE due_ms < ? AND partition IN ({marks}) AND {_ELIGIBLE_QMARK} ORDER BY due_ms, run_id",
                 [horizon_ms, *fences, fence, now_ms],
             )
             .fetchall()
         )
-        return [(int(r), int(d), str(j), int(a), int(p), int(g), int(n)) for r, d, j, a, p, g, n in rows]
+        return [Run(int(r), str(j), int(a), int(d), int(p), int(n), int(g)) for r, j, a, d, p, n, g in rows]
 
     def finish_dispatch(
-        self, rows: Sequence[DispatchRow], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
-    ) -> list[DueRow]:
-        next_runs: list[DueRow] = []
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+    ) -> list[Run]:
+        next_runs: list[Run] = []
         with self.db.transaction() as conn:
             # Handed on before this mark (the in-process queue is no durable
             # step): a crash before this commit leaves the runs scheduled, and
@@ -229,10 +228,10 @@ class SQLiteScheduleStore:
             conn.executemany(
                 "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched') THEN 'dispatched'"
                 " ELSE state END, fence = ?, dispatched_at_ms = ?, attempt = max(attempt, ?) WHERE run_id = ?",
-                [(fences[r[4]], now_ms, r[5], r[0]) for r in rows],
+                [(fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
             )
             jobs: dict[str, tuple[Job, str, int, int]] = {}
-            for _, job_id, run_at_ms, _, _, _, _ in rows:
+            for _, job_id, run_at_ms, *_ in rows:
                 if job_id not in jobs:
                     spec, state, partition, jitter_ms = conn.execute(
                         "SELECT spec, state, partition, jitter_ms FROM jobs WHERE job_id = ?", (job_id,)
@@ -256,12 +255,12 @@ class SQLiteScheduleStore:
                     continue
                 run_id = self._insert_run(conn, job_id, partition, planned)
                 if run_id is not None:
-                    next_runs.append((run_id, planned.due_ms, job_id, planned.run_at_ms, partition, 0, 1))
+                    next_runs.append(Run(run_id, job_id, planned.run_at_ms, planned.due_ms, partition, 1, 0))
             # Shown by `pysched status`; reads go by each run's state, never
             # by the watermark.
             marks_by_partition = dict(marks)
             for r in rows:
-                marks_by_partition[r[4]] = max(marks_by_partition.get(r[4], r[3]), r[3])
+                marks_by_partition[r.partition] = max(marks_by_partition.get(r.partition, r.due_ms), r.due_ms)
             conn.executemany(
                 "INSERT INTO watermarks (partition, fired_through_ms) VALUES (?, ?) ON CONFLICT (partition)"
                 " DO UPDATE SET fired_through_ms = max(fired_through_ms, excluded.fired_through_ms)",
