@@ -282,9 +282,12 @@ class IdempotencyClaims(Protocol):
 
     def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim: ...
 
-    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
-        """Extend the leases of ``holder``'s running claims, in one call per
-        worker rather than one per run. Returns how many were extended."""
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+        """Extend the lease of each running claim ``keys[i]`` held by
+        ``holders[i]``, and of no other: a claim whose execution ended without
+        an outcome must run out. One call per worker rather than one per run;
+        two parallel sequences, like ``Dispatcher.publish``. Returns how many
+        were extended."""
         ...
 
     def raise_fence(self, partition: int, fence: int) -> None:

@@ -174,7 +174,8 @@ class WorkerPool:
                 keys = sorted(self._running)
             if keys:
                 try:
-                    self.claims.heartbeat(keys, self.holder, self.clock.now_ms(), self.config.lease_ms)
+                    holders = [self.holder] * len(keys)
+                    self.claims.heartbeat(keys, holders, self.clock.now_ms(), self.config.lease_ms)
                 except Exception as exc:
                     log.warning("heartbeat failed, will retry: %s", exc)
 

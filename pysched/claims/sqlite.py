@@ -54,12 +54,15 @@ class SQLiteClaims:
             )
             return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=max(floor, record.fence))
 
-    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
-        # One statement for the whole worker: every running claim it holds.
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+        # One transaction for the whole worker, and only the claims named: a
+        # claim its execution left without an outcome must expire.
+        expires_ms = now_ms + lease_ms
         with self.db.transaction() as conn:
-            cur = conn.execute(
-                "UPDATE claims SET lease_expires_ms = ?, updated_at_ms = ? WHERE holder = ? AND state = 'running'",
-                (now_ms + lease_ms, now_ms, holder),
+            cur = conn.executemany(
+                "UPDATE claims SET lease_expires_ms = ?, updated_at_ms = ?"
+                " WHERE idem_key = ? AND holder = ? AND state = 'running'",
+                ((expires_ms, now_ms, key, holder) for key, holder in zip(keys, holders, strict=True)),
             )
             return cur.rowcount
 
