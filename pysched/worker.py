@@ -1,15 +1,19 @@
 """Workers: take dispatch records, pass the fence check and the idempotency
 claim, run the target, record the outcome.
 
-One heartbeat per worker pool extends the leases of all its running claims
-every ``heartbeat_ms``; if the pool dies, its claims expire after
-``lease_ms`` and the run is handed on again. A supervisor replaces any
+Each execution of a delivery claims its run under a holder of its own, the
+node's holder and a number: two threads of one node are two executions, and
+one never takes over a run the other has in flight. One heartbeat per worker
+pool extends the leases of the claims of its executions still running every
+``heartbeat_ms``; if the pool dies, its claims expire after ``lease_ms`` and
+the run is handed on again. A supervisor replaces any
 worker or heartbeat thread that ends before the stop, and logs it as an error.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -61,7 +65,9 @@ class WorkerPool:
         self.config = config or WorkerConfig()
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._running: set[str] = set()
+        self._executions = itertools.count(1)
+        # Execution holder -> the idempotency key it has claimed and runs.
+        self._running: dict[str, str] = {}
         # The supervised threads by name, and the supervisor itself.
         self._threads: dict[str, threading.Thread] = {}
         self._supervisor: threading.Thread | None = None
@@ -171,18 +177,25 @@ class WorkerPool:
     def _heartbeat(self, stop: threading.Event) -> None:
         while not stop.wait(self.config.heartbeat_ms / 1000):
             with self._lock:
-                keys = sorted(self._running)
-            if keys:
+                running = list(self._running.items())
+            if running:
+                holders = [holder for holder, _ in running]
+                keys = [key for _, key in running]
                 try:
-                    holders = [self.holder] * len(keys)
                     self.claims.heartbeat(keys, holders, self.clock.now_ms(), self.config.lease_ms)
                 except Exception as exc:
                     log.warning("heartbeat failed, will retry: %s", exc)
 
+    def _new_execution(self) -> str:
+        """The claims holder of one execution: unique to it within the node,
+        as the node's holder is to the node."""
+        return f"{self.holder}/{next(self._executions)}"
+
     def handle(self, payload: bytes, stop: threading.Event | None = None) -> ClaimOutcome:
         record = native.decode(payload)
+        holder = self._new_execution()
         while True:
-            claim = self.claims.claim(record, self.holder, self.clock.now_ms(), self.config.lease_ms)
+            claim = self.claims.claim(record, holder, self.clock.now_ms(), self.config.lease_ms)
             if claim.outcome is not ClaimOutcome.BUSY or stop is None:
                 break
             # Another worker runs it under a live lease: wait for it to finish
@@ -209,10 +222,10 @@ class WorkerPool:
             return claim.outcome
         if claim.outcome is ClaimOutcome.BUSY:
             return claim.outcome
-        self._run(record)
+        self._run(record, holder)
         return claim.outcome
 
-    def _run(self, record: DispatchRecord) -> None:
+    def _run(self, record: DispatchRecord, holder: str) -> None:
         key = record.idempotency_key
         try:
             job_record = self.store.get_job(record.job_id)
@@ -223,14 +236,14 @@ class WorkerPool:
             # Cancelled or rescheduled after it was handed on: never runs.
             if cancelled:
                 self.store.run_finished(record, "cancelled", "job cancelled before the run", None, self.clock.now_ms())
-            self.claims.complete(key, self.holder, True, None, self.clock.now_ms())
+            self.claims.complete(key, holder, True, None, self.clock.now_ms())
             self._count("cancelled")
             log.info("skipped %s run_at=%d: cancelled", record.job_id, record.run_at_ms)
             return
         assert job_record is not None
         job = job_record.job
         with self._lock:
-            self._running.add(key)
+            self._running[holder] = key
         try:
             outcome = run_target(job, context_for(job, record))
             if self._abandoned.is_set():
@@ -239,10 +252,10 @@ class WorkerPool:
             end = self.clock.now_ms()
             state = "succeeded" if outcome.succeeded else "failed"
             self.store.run_finished(record, state, outcome.error, outcome.result, end)
-            self.claims.complete(key, self.holder, outcome.succeeded, outcome.result, end)
+            self.claims.complete(key, holder, outcome.succeeded, outcome.result, end)
         finally:
             with self._lock:
-                self._running.discard(key)
+                del self._running[holder]
         self._count(state)
         if outcome.succeeded:
             log.info("ran %s: succeeded%s", record.job_id, f": {outcome.result}" if outcome.result else "")

@@ -1,17 +1,24 @@
-"""The worker pool keeps its size: a worker thread that dies is replaced."""
+"""The worker pool keeps its size and runs a key in one execution at a time."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from pysched import native
 from pysched.clock import SystemClock
 from pysched.dispatch.inprocess import InProcessConsumer, InProcessDispatcher
-from pysched.node import open_embedded
-from pysched.protocols import Delivery
+from pysched.model import Job
+from pysched.node import Backends, open_embedded
+from pysched.planning import next_run
+from pysched.protocols import Claim, ClaimOutcome, Delivery, dispatch_row
+from pysched.records import DispatchRecord
+from pysched.registry import register
+from pysched.targets import RunContext
 from pysched.worker import WorkerConfig, WorkerPool
 from tests.helpers import wait_for
 
@@ -55,3 +62,117 @@ def test_a_worker_thread_that_dies_is_replaced_and_logged(tmp_path: Path, caplog
         backends.close()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors[:2] == ["pysched-worker-0 died", "pysched-worker-0 is not running: starting a replacement"]
+
+
+# -- executions that overlap ------------------------------------------------
+
+
+def _dispatched(backends: Backends, jobs: list[Job]) -> list[bytes]:
+    """Register one-shot ``jobs`` and hand their runs on, as a leader does:
+    the payloads a worker receives, in the order of ``jobs``."""
+    now = SystemClock().now_ms()
+    for job in jobs:
+        register(backends.store, job, now)
+    fences = backends.coordinator.poll("leader", now)
+    rows = [dispatch_row(r) for r in backends.store.due_runs(fences, now + 60_000, now)]
+    backends.store.finish_dispatch(rows, fences, {}, now, next_run)
+    rows.sort(key=lambda row: [j.id for j in jobs].index(row[1]))
+    return [native.encode_batch([row], fences[row[4]], now)[0] for row in rows]
+
+
+class _MemoryClaims:
+    """Idempotency claims in memory, with the contract's rules (those the
+    cluster's Redis and Cassandra claims follow): a live claim is BUSY to
+    any other holder and taken over by its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claims: dict[str, tuple[str, str, int, str | None]] = {}  # key -> state, holder, expiry, result
+        self._floors: dict[int, int] = {}
+
+    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
+        with self._lock:
+            floor = self._floors.get(record.partition, 0)
+            if record.fence < floor:
+                return Claim(ClaimOutcome.FENCED, fence_floor=floor)
+            self._floors[record.partition] = floor = record.fence
+            key = record.idempotency_key
+            current = self._claims.get(key)
+            if current is not None:
+                state, current_holder, expires_ms, result = current
+                if state == "succeeded":
+                    return Claim(ClaimOutcome.SUCCEEDED, result=result, fence_floor=floor)
+                if state == "running" and expires_ms > now_ms and current_holder != holder:
+                    return Claim(ClaimOutcome.BUSY, fence_floor=floor)
+            self._claims[key] = ("running", holder, now_ms + lease_ms, None)
+            return Claim(ClaimOutcome.CLAIMED if current is None else ClaimOutcome.TAKEN_OVER, fence_floor=floor)
+
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+        extended = 0
+        with self._lock:
+            for key, holder in zip(keys, holders, strict=True):
+                current = self._claims.get(key)
+                if current is not None and current[:2] == ("running", holder):
+                    self._claims[key] = ("running", holder, now_ms + lease_ms, None)
+                    extended += 1
+        return extended
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        with self._lock:
+            self._floors[partition] = max(fence, self._floors.get(partition, 0))
+
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+        with self._lock:
+            current = self._claims.get(key)
+            if current is not None and current[:2] == ("running", holder):
+                self._claims[key] = ("succeeded" if succeeded else "failed", holder, current[2], result)
+
+
+# What the Python target below sees: each start of the run, and the signal
+# that lets the first one finish.
+_starts: list[str] = []
+_first_started = threading.Event()
+_let_first_finish = threading.Event()
+
+
+def held_run(ctx: RunContext) -> None:
+    """A Python target whose first start keeps running until released."""
+    _starts.append(ctx.idempotency_key)
+    if len(_starts) == 1:
+        _first_started.set()
+        _let_first_finish.wait(30)
+
+
+def test_a_sibling_thread_of_the_same_node_does_not_take_over_a_run_in_flight(tmp_path: Path) -> None:
+    # After a rebalance a record still running on one consumer thread is
+    # delivered to another of the same process: one node, two executions.
+    backends = open_embedded(tmp_path / "pysched.db")
+    _starts.clear()
+    _first_started.clear()
+    _let_first_finish.clear()
+    at = SystemClock().now_ms() + 1_000
+    job = Job.model_validate(
+        {
+            "id": "held",
+            "schedule": {"kind": "once", "run_at_ms": at},
+            "target": {"kind": "python", "ref": f"{__name__}:held_run"},
+        }
+    )
+    pool = WorkerPool(backends.dispatcher, _MemoryClaims(), backends.store, SystemClock(), "node-1")
+    try:
+        (payload,) = _dispatched(backends, [job])
+        outcomes: list[ClaimOutcome] = []
+        first = threading.Thread(target=lambda: outcomes.append(pool.handle(payload)))
+        first.start()
+        assert _first_started.wait(30), "the first execution did not start"
+        try:
+            second = pool.handle(payload)
+        finally:
+            _let_first_finish.set()
+            first.join(30)
+        assert second is ClaimOutcome.BUSY
+        assert outcomes == [ClaimOutcome.CLAIMED]
+        assert len(_starts) == 1
+        assert [r.state for r in backends.store.history("held")] == ["succeeded"]
+    finally:
+        backends.close()
