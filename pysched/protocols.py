@@ -280,7 +280,12 @@ class Claim:
 class IdempotencyClaims(Protocol):
     """The executing side's guard: fence check plus a conditional claim."""
 
-    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim: ...
+    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
+        """Claim ``record``'s key for ``holder``, one execution of it. A
+        holder claiming its own live claim again takes it over: it is the same
+        execution trying again after a failure (its first claim may have
+        landed), and must not wait out its own lease."""
+        ...
 
     def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
         """Extend the lease of each running claim ``keys[i]`` held by

@@ -390,6 +390,16 @@ def test_heartbeat_extends_only_the_claims_it_names(backend: Backend) -> None:
     assert backend.claims.claim(orphaned, "node-2/1", T0 + 1_500, 1_000).outcome is ClaimOutcome.TAKEN_OVER
 
 
+def test_a_holder_claiming_its_live_claim_again_keeps_it(backend: Backend) -> None:
+    # A holder is one execution: claiming again is that execution trying
+    # again after a timeout (its first claim may have landed), not a second
+    # execution, so it must not wait out its own lease.
+    row = (7, "job", T0, T0, 1, 1, 0)
+    assert backend.claims.claim(record(row, 1), "node-1/1", T0, 30_000).outcome is ClaimOutcome.CLAIMED
+    assert backend.claims.claim(record(row, 1), "node-1/1", T0 + 1, 30_000).outcome is ClaimOutcome.TAKEN_OVER
+    assert backend.claims.claim(record(row, 1), "node-1/2", T0 + 2, 30_000).outcome is ClaimOutcome.BUSY
+
+
 def test_a_raised_fence_rejects_older_dispatches(backend: Backend) -> None:
     backend.claims.raise_fence(2, 5)
     row = (9, "job", T0, T0, 2, 1, 0)

@@ -30,7 +30,7 @@ class SQLiteClaims:
                     (record.partition, record.fence),
                 )
             existing = conn.execute(
-                "SELECT state, lease_expires_ms, result FROM claims WHERE idem_key = ?", (key,)
+                "SELECT state, holder, lease_expires_ms, result FROM claims WHERE idem_key = ?", (key,)
             ).fetchone()
             if existing is None:
                 conn.execute(
@@ -39,14 +39,14 @@ class SQLiteClaims:
                     (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms),
                 )
                 return Claim(ClaimOutcome.CLAIMED, fence_floor=max(floor, record.fence))
-            state, lease_expires_ms, result = existing
+            state, current_holder, lease_expires_ms, result = existing
             if state == "succeeded":
                 # done before: replay
                 return Claim(ClaimOutcome.SUCCEEDED, result=result, fence_floor=max(floor, record.fence))
-            if state == "running" and lease_expires_ms > now_ms:
-                # live holder: back off
+            if state == "running" and lease_expires_ms > now_ms and current_holder != holder:
+                # another live holder: back off
                 return Claim(ClaimOutcome.BUSY, fence_floor=max(floor, record.fence))
-            # dead lease, or failed before: take over
+            # dead lease, failed before, or the holder itself trying again: take over
             conn.execute(
                 "UPDATE claims SET state = 'running', holder = ?, fence = ?, lease_expires_ms = ?,"
                 " updated_at_ms = ? WHERE idem_key = ?",
