@@ -1,4 +1,5 @@
-"""The worker pool keeps its size and runs a key in one execution at a time."""
+"""The worker pool keeps its size, never moves past a record it failed to
+handle, and runs a key in one execution at a time."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -15,7 +17,7 @@ from pysched.dispatch.inprocess import InProcessConsumer, InProcessDispatcher
 from pysched.model import Job
 from pysched.node import Backends, open_embedded
 from pysched.planning import next_run
-from pysched.protocols import Claim, ClaimOutcome, Delivery, dispatch_row
+from pysched.protocols import Claim, ClaimOutcome, Delivery, IdempotencyClaims, dispatch_row
 from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.targets import RunContext
@@ -64,7 +66,81 @@ def test_a_worker_thread_that_dies_is_replaced_and_logged(tmp_path: Path, caplog
     assert errors[:2] == ["pysched-worker-0 died", "pysched-worker-0 is not running: starting a replacement"]
 
 
-# -- executions that overlap ------------------------------------------------
+# -- a handling that fails, and executions that overlap ------------------------
+
+
+class _ScriptedConsumer:
+    """Hands out the dispatcher's payloads in order and records what is
+    acknowledged; once none is left it sets the stop, so a pool's run ends
+    when every delivery was dealt with, however long that took."""
+
+    def __init__(self, dispatcher: _ScriptedDispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    def next(self, timeout_s: float) -> Delivery | None:
+        d = self._dispatcher
+        with d.lock:
+            if d.position == len(d.payloads):
+                d.stop.set()
+                return None
+            d.position += 1
+            return Delivery(d.payloads[d.position - 1], 0, d.position - 1)
+
+    def ack(self, delivery: Delivery) -> None:
+        with self._dispatcher.lock:
+            self._dispatcher.acked.append(int(cast(int, delivery.token)))
+
+    def close(self) -> None:
+        pass
+
+
+class _ScriptedDispatcher:
+    """A Kafka partition in miniature: one consumer reads it in order, and
+    what counts is which deliveries it acknowledged."""
+
+    def __init__(self, payloads: list[bytes], stop: threading.Event) -> None:
+        self.payloads = payloads
+        self.stop = stop
+        self.lock = threading.Lock()
+        self.position = 0
+        self.acked: list[int] = []
+
+    def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
+        raise NotImplementedError("the script is fixed")
+
+    def consumer(self) -> _ScriptedConsumer:
+        return _ScriptedConsumer(self)
+
+    def close(self) -> None:
+        pass
+
+
+class _TimesOutOnce:
+    """The real claims, but the first call of each method named in ``fail``
+    raises TimeoutError, as a claims server that timed out does."""
+
+    def __init__(self, claims: IdempotencyClaims, fail: set[str]) -> None:
+        self._claims = claims
+        self._fail = set(fail)
+
+    def _maybe_fail(self, method: str) -> None:
+        if method in self._fail:
+            self._fail.discard(method)
+            raise TimeoutError(f"{method} timed out")
+
+    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
+        self._maybe_fail("claim")
+        return self._claims.claim(record, holder, now_ms, lease_ms)
+
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+        return self._claims.heartbeat(keys, holders, now_ms, lease_ms)
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        self._claims.raise_fence(partition, fence)
+
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+        self._maybe_fail("complete")
+        self._claims.complete(key, holder, succeeded, result, now_ms)
 
 
 def _dispatched(backends: Backends, jobs: list[Job]) -> list[bytes]:
@@ -78,6 +154,55 @@ def _dispatched(backends: Backends, jobs: list[Job]) -> list[bytes]:
     backends.store.finish_dispatch(rows, fences, {}, now, next_run)
     rows.sort(key=lambda row: [j.id for j in jobs].index(row[1]))
     return [native.encode_batch([row], fences[row[4]], now)[0] for row in rows]
+
+
+def _shell_job(job_id: str, command: str) -> Job:
+    at = SystemClock().now_ms() + 1_000
+    return Job.model_validate(
+        {"id": job_id, "schedule": {"kind": "once", "run_at_ms": at}, "target": {"kind": "shell", "command": command}}
+    )
+
+
+def _run_pool(backends: Backends, claims: IdempotencyClaims, payloads: list[bytes]) -> _ScriptedDispatcher:
+    """Run a one-thread pool until its consumer has handed out every
+    payload and the pool has stopped."""
+    stop = threading.Event()
+    dispatcher = _ScriptedDispatcher(payloads, stop)
+    config = WorkerConfig(concurrency=1, retry_base_s=0.01, retry_max_s=0.05)
+    pool = WorkerPool(dispatcher, claims, backends.store, SystemClock(), "node-1", config)
+    pool.start(stop)
+    assert pool.join(60), "the pool did not stop"
+    return dispatcher
+
+
+def test_a_record_whose_claim_timed_out_is_run_before_a_later_one_is_acknowledged(tmp_path: Path) -> None:
+    # On Kafka, acknowledging the second record commits past the first: had
+    # the first been skipped, it would never be delivered again.
+    backends = open_embedded(tmp_path / "pysched.db")
+    try:
+        payloads = _dispatched(backends, [_shell_job("first", "true"), _shell_job("second", "true")])
+        dispatcher = _run_pool(backends, _TimesOutOnce(backends.claims, {"claim"}), payloads)
+        assert dispatcher.acked == [0, 1]
+        assert [r.state for r in backends.store.history("first")] == ["succeeded"]
+        assert [r.state for r in backends.store.history("second")] == ["succeeded"]
+    finally:
+        backends.close()
+
+
+def test_an_outcome_that_failed_to_record_is_recorded_and_the_run_not_repeated(tmp_path: Path) -> None:
+    backends = open_embedded(tmp_path / "pysched.db")
+    ran = tmp_path / "ran"
+    try:
+        (payload,) = _dispatched(backends, [_shell_job("job", f"echo once >> {ran}")])
+        dispatcher = _run_pool(backends, _TimesOutOnce(backends.claims, {"complete"}), [payload])
+        assert dispatcher.acked == [0]
+        assert ran.read_text() == "once\n"
+        assert [r.state for r in backends.store.history("job")] == ["succeeded"]
+        # The claim says so too: it is not left running, and is never run again.
+        again = backends.claims.claim(native.decode(payload), "another-node", SystemClock().now_ms(), 30_000)
+        assert again.outcome is ClaimOutcome.SUCCEEDED
+    finally:
+        backends.close()
 
 
 class _MemoryClaims:
