@@ -287,11 +287,19 @@ class Claim:
 class IdempotencyClaims(Protocol):
     """The executing side's guard: fence check plus a conditional claim."""
 
-    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim: ...
+    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
+        """Claim ``record``'s key for ``holder``, one execution of it. A
+        holder claiming its own live claim again takes it over: it is the same
+        execution trying again after a failure (its first claim may have
+        landed), and must not wait out its own lease."""
+        ...
 
-    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
-        """Extend the leases of ``holder``'s running claims, in one call per
-        worker rather than one per run. Returns how many were extended."""
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+        """Extend the lease of each running claim ``keys[i]`` held by
+        ``holders[i]``, and of no other: a claim whose execution ended without
+        an outcome must run out. One call per worker rather than one per run;
+        two parallel sequences, like ``Dispatcher.publish``. Returns how many
+        were extended."""
         ...
 
     def raise_fence(self, partition: int, fence: int) -> None:

@@ -372,8 +372,29 @@ def test_completion_by_a_former_holder_changes_nothing(backend: Backend) -> None
 def test_heartbeat_keeps_claims_alive(backend: Backend) -> None:
     row = (7, "job", T0, T0, 1, 1, 0)
     backend.claims.claim(record(row, 1), "w1", T0, 1_000)
-    assert backend.claims.heartbeat([record(row, 1).idempotency_key], "w1", T0 + 900, 1_000) == 1
+    assert backend.claims.heartbeat([record(row, 1).idempotency_key], ["w1"], T0 + 900, 1_000) == 1
     assert backend.claims.claim(record(row, 1), "w2", T0 + 1_500, 1_000).outcome is ClaimOutcome.BUSY
+
+
+def test_heartbeat_extends_only_the_claims_it_names(backend: Backend) -> None:
+    # An execution that ended without an outcome is no longer named: its
+    # claim must run out, or its run would never be handed on again.
+    running, orphaned = (record((n, "job", T0 + n, T0 + n, 1, 1, 0), 1) for n in (7, 8))
+    backend.claims.claim(running, "node-1", T0, 1_000)
+    backend.claims.claim(orphaned, "node-1", T0, 1_000)
+    assert backend.claims.heartbeat([running.idempotency_key], ["node-1"], T0 + 900, 1_000) == 1
+    assert backend.claims.claim(running, "node-2/1", T0 + 1_500, 1_000).outcome is ClaimOutcome.BUSY
+    assert backend.claims.claim(orphaned, "node-2/1", T0 + 1_500, 1_000).outcome is ClaimOutcome.TAKEN_OVER
+
+
+def test_a_holder_claiming_its_live_claim_again_keeps_it(backend: Backend) -> None:
+    # A holder is one execution: claiming again is that execution trying
+    # again after a timeout (its first claim may have landed), not a second
+    # execution, so it must not wait out its own lease.
+    row = (7, "job", T0, T0, 1, 1, 0)
+    assert backend.claims.claim(record(row, 1), "node-1/1", T0, 30_000).outcome is ClaimOutcome.CLAIMED
+    assert backend.claims.claim(record(row, 1), "node-1/1", T0 + 1, 30_000).outcome is ClaimOutcome.TAKEN_OVER
+    assert backend.claims.claim(record(row, 1), "node-1/2", T0 + 2, 30_000).outcome is ClaimOutcome.BUSY
 
 
 def test_a_raised_fence_rejects_older_dispatches(backend: Backend) -> None:

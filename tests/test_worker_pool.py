@@ -1,17 +1,26 @@
-"""The worker pool keeps its size: a worker thread that dies is replaced."""
+"""The worker pool keeps its size, never moves past a record it failed to
+handle, and runs a key in one execution at a time."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from pysched import native
 from pysched.clock import SystemClock
 from pysched.dispatch.inprocess import InProcessConsumer, InProcessDispatcher
-from pysched.node import open_embedded
-from pysched.protocols import Delivery
+from pysched.model import Job
+from pysched.node import Backends, open_embedded
+from pysched.planning import next_run
+from pysched.protocols import Claim, ClaimOutcome, Delivery, IdempotencyClaims, dispatch_row
+from pysched.records import DispatchRecord
+from pysched.registry import register
+from pysched.targets import RunContext
 from pysched.worker import WorkerConfig, WorkerPool
 from tests.helpers import wait_for
 
@@ -55,3 +64,240 @@ def test_a_worker_thread_that_dies_is_replaced_and_logged(tmp_path: Path, caplog
         backends.close()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors[:2] == ["pysched-worker-0 died", "pysched-worker-0 is not running: starting a replacement"]
+
+
+# -- a handling that fails, and executions that overlap ------------------------
+
+
+class _ScriptedConsumer:
+    """Hands out the dispatcher's payloads in order and records what is
+    acknowledged; once none is left it sets the stop, so a pool's run ends
+    when every delivery was dealt with, however long that took."""
+
+    def __init__(self, dispatcher: _ScriptedDispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    def next(self, timeout_s: float) -> Delivery | None:
+        d = self._dispatcher
+        with d.lock:
+            if d.position == len(d.payloads):
+                d.stop.set()
+                return None
+            d.position += 1
+            return Delivery(d.payloads[d.position - 1], 0, d.position - 1)
+
+    def ack(self, delivery: Delivery) -> None:
+        with self._dispatcher.lock:
+            self._dispatcher.acked.append(int(cast(int, delivery.token)))
+
+    def close(self) -> None:
+        pass
+
+
+class _ScriptedDispatcher:
+    """A Kafka partition in miniature: one consumer reads it in order, and
+    what counts is which deliveries it acknowledged."""
+
+    def __init__(self, payloads: list[bytes], stop: threading.Event) -> None:
+        self.payloads = payloads
+        self.stop = stop
+        self.lock = threading.Lock()
+        self.position = 0
+        self.acked: list[int] = []
+
+    def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
+        raise NotImplementedError("the script is fixed")
+
+    def consumer(self) -> _ScriptedConsumer:
+        return _ScriptedConsumer(self)
+
+    def close(self) -> None:
+        pass
+
+
+class _TimesOutOnce:
+    """The real claims, but the first call of each method named in ``fail``
+    raises TimeoutError, as a claims server that timed out does."""
+
+    def __init__(self, claims: IdempotencyClaims, fail: set[str]) -> None:
+        self._claims = claims
+        self._fail = set(fail)
+
+    def _maybe_fail(self, method: str) -> None:
+        if method in self._fail:
+            self._fail.discard(method)
+            raise TimeoutError(f"{method} timed out")
+
+    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
+        self._maybe_fail("claim")
+        return self._claims.claim(record, holder, now_ms, lease_ms)
+
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+        return self._claims.heartbeat(keys, holders, now_ms, lease_ms)
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        self._claims.raise_fence(partition, fence)
+
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+        self._maybe_fail("complete")
+        self._claims.complete(key, holder, succeeded, result, now_ms)
+
+
+def _dispatched(backends: Backends, jobs: list[Job]) -> list[bytes]:
+    """Register one-shot ``jobs`` and hand their runs on, as a leader does:
+    the payloads a worker receives, in the order of ``jobs``."""
+    now = SystemClock().now_ms()
+    for job in jobs:
+        register(backends.store, job, now)
+    fences = backends.coordinator.poll("leader", now)
+    rows = [dispatch_row(r) for r in backends.store.due_runs(fences, now + 60_000, now)]
+    backends.store.finish_dispatch(rows, fences, {}, now, next_run)
+    rows.sort(key=lambda row: [j.id for j in jobs].index(row[1]))
+    return [native.encode_batch([row], fences[row[4]], now)[0] for row in rows]
+
+
+def _shell_job(job_id: str, command: str) -> Job:
+    at = SystemClock().now_ms() + 1_000
+    return Job.model_validate(
+        {"id": job_id, "schedule": {"kind": "once", "run_at_ms": at}, "target": {"kind": "shell", "command": command}}
+    )
+
+
+def _run_pool(backends: Backends, claims: IdempotencyClaims, payloads: list[bytes]) -> _ScriptedDispatcher:
+    """Run a one-thread pool until its consumer has handed out every
+    payload and the pool has stopped."""
+    stop = threading.Event()
+    dispatcher = _ScriptedDispatcher(payloads, stop)
+    config = WorkerConfig(concurrency=1, retry_base_s=0.01, retry_max_s=0.05)
+    pool = WorkerPool(dispatcher, claims, backends.store, SystemClock(), "node-1", config)
+    pool.start(stop)
+    assert pool.join(60), "the pool did not stop"
+    return dispatcher
+
+
+def test_a_record_whose_claim_timed_out_is_run_before_a_later_one_is_acknowledged(tmp_path: Path) -> None:
+    # On Kafka, acknowledging the second record commits past the first: had
+    # the first been skipped, it would never be delivered again.
+    backends = open_embedded(tmp_path / "pysched.db")
+    try:
+        payloads = _dispatched(backends, [_shell_job("first", "true"), _shell_job("second", "true")])
+        dispatcher = _run_pool(backends, _TimesOutOnce(backends.claims, {"claim"}), payloads)
+        assert dispatcher.acked == [0, 1]
+        assert [r.state for r in backends.store.history("first")] == ["succeeded"]
+        assert [r.state for r in backends.store.history("second")] == ["succeeded"]
+    finally:
+        backends.close()
+
+
+def test_an_outcome_that_failed_to_record_is_recorded_and_the_run_not_repeated(tmp_path: Path) -> None:
+    backends = open_embedded(tmp_path / "pysched.db")
+    ran = tmp_path / "ran"
+    try:
+        (payload,) = _dispatched(backends, [_shell_job("job", f"echo once >> {ran}")])
+        dispatcher = _run_pool(backends, _TimesOutOnce(backends.claims, {"complete"}), [payload])
+        assert dispatcher.acked == [0]
+        assert ran.read_text() == "once\n"
+        assert [r.state for r in backends.store.history("job")] == ["succeeded"]
+        # The claim says so too: it is not left running, and is never run again.
+        again = backends.claims.claim(native.decode(payload), "another-node", SystemClock().now_ms(), 30_000)
+        assert again.outcome is ClaimOutcome.SUCCEEDED
+    finally:
+        backends.close()
+
+
+class _MemoryClaims:
+    """Idempotency claims in memory, with the contract's rules (those the
+    cluster's Redis and Cassandra claims follow): a live claim is BUSY to
+    any other holder and taken over by its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claims: dict[str, tuple[str, str, int, str | None]] = {}  # key -> state, holder, expiry, result
+        self._floors: dict[int, int] = {}
+
+    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
+        with self._lock:
+            floor = self._floors.get(record.partition, 0)
+            if record.fence < floor:
+                return Claim(ClaimOutcome.FENCED, fence_floor=floor)
+            self._floors[record.partition] = floor = record.fence
+            key = record.idempotency_key
+            current = self._claims.get(key)
+            if current is not None:
+                state, current_holder, expires_ms, result = current
+                if state == "succeeded":
+                    return Claim(ClaimOutcome.SUCCEEDED, result=result, fence_floor=floor)
+                if state == "running" and expires_ms > now_ms and current_holder != holder:
+                    return Claim(ClaimOutcome.BUSY, fence_floor=floor)
+            self._claims[key] = ("running", holder, now_ms + lease_ms, None)
+            return Claim(ClaimOutcome.CLAIMED if current is None else ClaimOutcome.TAKEN_OVER, fence_floor=floor)
+
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+        extended = 0
+        with self._lock:
+            for key, holder in zip(keys, holders, strict=True):
+                current = self._claims.get(key)
+                if current is not None and current[:2] == ("running", holder):
+                    self._claims[key] = ("running", holder, now_ms + lease_ms, None)
+                    extended += 1
+        return extended
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        with self._lock:
+            self._floors[partition] = max(fence, self._floors.get(partition, 0))
+
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+        with self._lock:
+            current = self._claims.get(key)
+            if current is not None and current[:2] == ("running", holder):
+                self._claims[key] = ("succeeded" if succeeded else "failed", holder, current[2], result)
+
+
+# What the Python target below sees: each start of the run, and the signal
+# that lets the first one finish.
+_starts: list[str] = []
+_first_started = threading.Event()
+_let_first_finish = threading.Event()
+
+
+def held_run(ctx: RunContext) -> None:
+    """A Python target whose first start keeps running until released."""
+    _starts.append(ctx.idempotency_key)
+    if len(_starts) == 1:
+        _first_started.set()
+        _let_first_finish.wait(30)
+
+
+def test_a_sibling_thread_of_the_same_node_does_not_take_over_a_run_in_flight(tmp_path: Path) -> None:
+    # After a rebalance a record still running on one consumer thread is
+    # delivered to another of the same process: one node, two executions.
+    backends = open_embedded(tmp_path / "pysched.db")
+    _starts.clear()
+    _first_started.clear()
+    _let_first_finish.clear()
+    at = SystemClock().now_ms() + 1_000
+    job = Job.model_validate(
+        {
+            "id": "held",
+            "schedule": {"kind": "once", "run_at_ms": at},
+            "target": {"kind": "python", "ref": f"{__name__}:held_run"},
+        }
+    )
+    pool = WorkerPool(backends.dispatcher, _MemoryClaims(), backends.store, SystemClock(), "node-1")
+    try:
+        (payload,) = _dispatched(backends, [job])
+        outcomes: list[ClaimOutcome] = []
+        first = threading.Thread(target=lambda: outcomes.append(pool.handle(payload)))
+        first.start()
+        assert _first_started.wait(30), "the first execution did not start"
+        try:
+            second = pool.handle(payload)
+        finally:
+            _let_first_finish.set()
+            first.join(30)
+        assert second is ClaimOutcome.BUSY
+        assert outcomes == [ClaimOutcome.CLAIMED]
+        assert len(_starts) == 1
+        assert [r.state for r in backends.store.history("held")] == ["succeeded"]
+    finally:
+        backends.close()

@@ -125,10 +125,10 @@ class RedisCassandraClaims:
             return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor)
         return Claim(ClaimOutcome.BUSY, fence_floor=floor)
 
-    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
         extended = 0
         pipe = self.redis.pipeline(transaction=False)
-        for key in keys:
+        for key, holder in zip(keys, holders, strict=True):
             if self.session.execute(self._extend, (now_ms + lease_ms, now_ms, key, holder)).was_applied:
                 pipe.set(self._claim_key(key), f"{holder}|{now_ms + lease_ms}", px=2 * lease_ms)
                 extended += 1

@@ -30,7 +30,7 @@ class SQLiteClaims:
                     (record.partition, record.fence),
                 )
             existing = conn.execute(
-                "SELECT state, lease_expires_ms, result FROM claims WHERE idem_key = ?", (key,)
+                "SELECT state, holder, lease_expires_ms, result FROM claims WHERE idem_key = ?", (key,)
             ).fetchone()
             if existing is None:
                 conn.execute(
@@ -39,14 +39,14 @@ class SQLiteClaims:
                     (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms),
                 )
                 return Claim(ClaimOutcome.CLAIMED, fence_floor=max(floor, record.fence))
-            state, lease_expires_ms, result = existing
+            state, current_holder, lease_expires_ms, result = existing
             if state == "succeeded":
                 # done before: replay
                 return Claim(ClaimOutcome.SUCCEEDED, result=result, fence_floor=max(floor, record.fence))
-            if state == "running" and lease_expires_ms > now_ms:
-                # live holder: back off
+            if state == "running" and lease_expires_ms > now_ms and current_holder != holder:
+                # another live holder: back off
                 return Claim(ClaimOutcome.BUSY, fence_floor=max(floor, record.fence))
-            # dead lease, or failed before: take over
+            # dead lease, failed before, or the holder itself trying again: take over
             conn.execute(
                 "UPDATE claims SET state = 'running', holder = ?, fence = ?, lease_expires_ms = ?,"
                 " updated_at_ms = ? WHERE idem_key = ?",
@@ -54,12 +54,15 @@ class SQLiteClaims:
             )
             return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=max(floor, record.fence))
 
-    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
-        # One statement for the whole worker: every running claim it holds.
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+        # One transaction for the whole worker, and only the claims named: a
+        # claim its execution left without an outcome must expire.
+        expires_ms = now_ms + lease_ms
         with self.db.transaction() as conn:
-            cur = conn.execute(
-                "UPDATE claims SET lease_expires_ms = ?, updated_at_ms = ? WHERE holder = ? AND state = 'running'",
-                (now_ms + lease_ms, now_ms, holder),
+            cur = conn.executemany(
+                "UPDATE claims SET lease_expires_ms = ?, updated_at_ms = ?"
+                " WHERE idem_key = ? AND holder = ? AND state = 'running'",
+                ((expires_ms, now_ms, key, holder) for key, holder in zip(keys, holders, strict=True)),
             )
             return cur.rowcount
 
