@@ -17,7 +17,6 @@ from pysched.config import ClusterConfig
 from pysched.coord.local import SQLiteLeaseCoordinator
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
-from pysched.planning import DEFAULT_PARTITIONS
 from pysched.protocols import Coordinator, Dispatcher, IdempotencyClaims, Lease, ScheduleStore
 from pysched.retention import HistoryPruner, Retention
 from pysched.stores.sqlite import SQLiteScheduleStore
@@ -51,17 +50,19 @@ class EmbeddedBackends(Backends):
 
 def open_embedded(
     path: str | Path,
-    partitions: int = DEFAULT_PARTITIONS,
+    partitions: int | None = None,
     lease_ttl_ms: int = 5_000,
     *,
     access: Access = "create",
 ) -> EmbeddedBackends:
-    """The embedded engine on one database file. Raises DatabaseUnusable."""
-    db = SQLiteDatabase(path, access=access)
+    """The embedded engine on one database file. ``partitions`` is the count
+    a new database gets (default 64); an existing one keeps its own, and
+    naming another raises PartitionsMismatch. Raises DatabaseUnusable."""
+    db = SQLiteDatabase(path, access=access, partitions=partitions)
     return EmbeddedBackends(
         store=SQLiteScheduleStore(db),
         claims=SQLiteClaims(db),
-        coordinator=SQLiteLeaseCoordinator(db, partitions, ttl_ms=lease_ttl_ms),
+        coordinator=SQLiteLeaseCoordinator(db, ttl_ms=lease_ttl_ms),
         dispatcher=InProcessDispatcher(),
         close=db.close,
         db=db,
