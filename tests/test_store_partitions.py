@@ -8,11 +8,13 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pysched.node import open_embedded
 from pysched.planning import partition_for
+from tests.conftest import cluster_config_for
 from tests.helpers import cli, cli_json
 
 # In partition 24 of 64, but 8 of 16: a client counting 64 partitions on a
@@ -101,3 +103,75 @@ def test_a_database_from_before_the_count_was_stored_keeps_sixty_four(db_path: P
         node.close()
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'partitions'").fetchone() == (64,)
+
+
+# -- the cluster ----------------------------------------------------------------
+
+
+def write_config(path: Path, services: dict[str, Any], keyspace: str, **extra: int) -> Path:
+    config = cluster_config_for(services, keyspace)
+    lines = ["[cluster]"]
+    for name in ("etcd", "cassandra", "kafka", "redis", "keyspace", "topic"):
+        lines.append(f'{name} = "{getattr(config, name)}"')
+    lines += [f"{name} = {value}" for name, value in extra.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.cluster
+def test_cli_add_with_a_config_of_sixteen_partitions_places_the_job_where_a_node_leads(
+    services: dict[str, Any], keyspace: str, tmp_path: Path
+) -> None:
+    from pysched.config import load
+    from pysched.node import open_cluster
+
+    config_path = write_config(tmp_path / "cluster.toml", services, keyspace, partitions=16, kafka_partitions=2)
+    added = cli_json(*ADD, "--config", str(config_path), db=tmp_path / "unused.db")
+    assert added["partition"] == partition_for(JOB, 16)
+    # A node whose configuration names no count leads the keyspace's.
+    bare = write_config(tmp_path / "bare.toml", services, keyspace, kafka_partitions=2)
+    backends = open_cluster(load(bare))
+    try:
+        assert backends.store.partitions == 16
+        led = backends.coordinator.poll("node-a", now_ms())
+    finally:
+        backends.coordinator.release("node-a")
+        backends.close()
+    assert set(led) == set(range(16))
+    assert added["partition"] in led
+
+
+@pytest.mark.cluster
+def test_a_config_disagreeing_with_the_keyspace_is_refused_in_one_line(
+    services: dict[str, Any], keyspace: str, tmp_path: Path
+) -> None:
+    created = write_config(tmp_path / "created.toml", services, keyspace, partitions=16, kafka_partitions=2)
+    cli("ls", "--config", str(created), db=tmp_path / "unused.db")
+    other = write_config(tmp_path / "other.toml", services, keyspace, partitions=64, kafka_partitions=2)
+    proc = cli(*ADD, "--config", str(other), db=tmp_path / "unused.db", check=False)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --config: {other}: partitions"), proc.stderr
+    assert "64" in lines[0] and "16" in lines[0]
+    assert cli_json("ls", "--config", str(created), db=tmp_path / "unused.db") == []
+
+
+@pytest.mark.cluster
+def test_a_keyspace_from_before_the_count_was_stored_keeps_what_its_nodes_led(
+    services: dict[str, Any], keyspace: str
+) -> None:
+    from pysched.stores.cassandra import connect, ensure_schema
+
+    config = cluster_config_for(services, keyspace, partitions=16)
+    session = connect(config)
+    try:
+        assert ensure_schema(session, config) == 16
+        # What a keyspace made before the count was stored looks like: its
+        # watermarks, written for the partitions its nodes led, and no count.
+        session.execute(f"DELETE FROM {keyspace}.meta WHERE name = 'partitions'")
+        unnamed = cluster_config_for(services, keyspace)
+        assert ensure_schema(session, unnamed) == 16
+        assert ensure_schema(session, config) == 16
+    finally:
+        session.cluster.shutdown()
