@@ -144,11 +144,15 @@ def main() -> int:
     lim.set_defaults(func=limit_cmd)
     args = parser.parse_args()
     from loadgen.registration import RegisteredLate
+    from pysched.protocols import PartitionsMismatch
 
     try:
         return int(args.func(args))
     except RegisteredLate as exc:
         print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    except PartitionsMismatch as exc:
+        print(f"bench: --config: {getattr(args, 'config', None)}: {exc}", file=sys.stderr)
         return 2
 
 

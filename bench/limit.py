@@ -18,13 +18,18 @@ from pysched import native
 from pysched.config import ClusterConfig
 from pysched.config import load as load_config
 from pysched.dispatch.kafka import ensure_topic, producer_settings
+from pysched.node import open_cluster_store
 
 
 def bare_producer(config_path: str, n: int) -> dict[str, Any]:
     config = load_config(config_path)
     ensure_topic(config)
+    # Records of the keyspace's partitions, as its leaders send them.
+    store, close = open_cluster_store(config)
+    partitions = store.partitions
+    close()
     prefix = f"bench-limit-{uuid.uuid4().hex[:6]}-"
-    rows = [(k, f"{prefix}{k:07d}", 0, 0, k % config.partitions, 1, 0) for k in range(n)]
+    rows = [(k, f"{prefix}{k:07d}", 0, 0, k % partitions, 1, 0) for k in range(n)]
     payloads = native.encode_batch(rows, 0, 0)  # fence 0: every worker rejects them
     # The same settings as pysched's own producer: the comparison is of
     # everything around the producer, not of its configuration.

@@ -27,6 +27,7 @@ from loadgen.runner import run_cluster, run_embedded
 from loadgen.shapes import MINUTE_MS, SHAPES, SUSTAIN_SHAPES, Load, spike_jobs, sustain_jobs, sustain_recurring
 from pysched.config import ConfigError
 from pysched.config import load as load_config
+from pysched.protocols import PartitionsMismatch
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n\n")[0])
 
@@ -99,6 +100,8 @@ def _run(
             attempt = run_embedded(plan, workers, timeout, exec_timeout, quiet)
     except RegisteredLate as exc:
         _fail(str(exc))
+    except PartitionsMismatch as exc:
+        _fail(f"--config: {config}: {exc}")
     figures = attempt.figures({**extra, "mode": "embedded" if config is None else "cluster"})
     lags = figures.pop("_fire_lags")
     if plot_path is not None:

@@ -205,7 +205,7 @@ def run_cluster(
         with _progress() if not quiet else Progress(disable=True) as progress:
 
             def write(attempt: Attempt, jobs: list[Job]) -> None:
-                register_many(store, jobs, now_ms(), config.partitions)
+                register_many(store, jobs, now_ms())
                 poll(attempt.observed, 0)  # keeps the consumer in its group; no time taken
 
             def withdraw(attempt: Attempt) -> None:

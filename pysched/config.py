@@ -7,12 +7,22 @@
     redis = "redis://127.0.0.1:6379/0"
     keyspace = "pysched"            # optional from here on
     topic = "pysched-dispatch"
-    partitions = 64
+    partitions = 64                 # only when the keyspace is created; see below
     kafka_partitions = 16
     history_days = 7                # finished runs older than this are pruned (0: never)
     history_keep = 1000             # and those beyond a job's newest 1000 (0: no limit)
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
+
+``partitions`` belongs to the keyspace, not to this file: the count is
+written once, when the keyspace is created (with the count named here, or
+64), and every node and client reads it from there. Left out, the
+keyspace's count is used; named, it must agree with the keyspace's, or the
+client refuses to start. An operator who writes ``partitions = 16`` means
+it: silently running with the keyspace's 64 would hide that the file
+describes another cluster than the one it points at, and no client may
+place jobs by a count of its own (a job outside the partitions the nodes
+lead never fires).
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ class ClusterConfig(BaseModel):
     redis: str = Field(description="redis:// URL")
     keyspace: str = Field(default="pysched", pattern=r"^[a-z][a-z0-9_]{0,47}$")
     topic: str = Field(default="pysched-dispatch", pattern=r"^[A-Za-z0-9._-]{1,200}$")
-    partitions: int = Field(default=64, ge=1, le=4096)
+    partitions: int | None = Field(
+        default=None, ge=1, le=4096, description="a new keyspace's count (default 64); must match an existing one"
+    )
     kafka_partitions: int = Field(default=16, ge=1, le=1024)
     replication_factor: int = Field(default=1, ge=1)
     lease_ttl_s: int = Field(default=10, ge=2, le=300)

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pysched.claims.sqlite import SQLiteClaims
 from pysched.clock import Clock, SystemClock
@@ -17,12 +18,15 @@ from pysched.config import ClusterConfig
 from pysched.coord.local import SQLiteLeaseCoordinator
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
-from pysched.planning import DEFAULT_PARTITIONS
 from pysched.protocols import Coordinator, Dispatcher, IdempotencyClaims, Lease, ScheduleStore
 from pysched.retention import HistoryPruner, Retention
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import Access, SQLiteDatabase
 from pysched.worker import WorkerConfig, WorkerPool
+
+if TYPE_CHECKING:
+    # Only a cluster node needs the drivers (see open_cluster).
+    from cassandra.cluster import Session
 
 log = logging.getLogger("pysched.node")
 
@@ -51,17 +55,19 @@ class EmbeddedBackends(Backends):
 
 def open_embedded(
     path: str | Path,
-    partitions: int = DEFAULT_PARTITIONS,
+    partitions: int | None = None,
     lease_ttl_ms: int = 5_000,
     *,
     access: Access = "create",
 ) -> EmbeddedBackends:
-    """The embedded engine on one database file. Raises DatabaseUnusable."""
-    db = SQLiteDatabase(path, access=access)
+    """The embedded engine on one database file. ``partitions`` is the count
+    a new database gets (default 64); an existing one keeps its own, and
+    naming another raises PartitionsMismatch. Raises DatabaseUnusable."""
+    db = SQLiteDatabase(path, access=access, partitions=partitions)
     return EmbeddedBackends(
         store=SQLiteScheduleStore(db),
         claims=SQLiteClaims(db),
-        coordinator=SQLiteLeaseCoordinator(db, partitions, ttl_ms=lease_ttl_ms),
+        coordinator=SQLiteLeaseCoordinator(db, ttl_ms=lease_ttl_ms),
         dispatcher=InProcessDispatcher(),
         close=db.close,
         db=db,
@@ -70,14 +76,15 @@ def open_embedded(
 
 def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
     """Connect to the servers, creating the keyspace and topic if missing.
-    An unreachable server raises ConnectionError naming it and its address."""
+    An unreachable server raises ConnectionError naming it and its address;
+    a partition count other than the keyspace's, PartitionsMismatch."""
     # Imported here: only a cluster node needs the drivers.
     from pysched.claims.redis_cassandra import RedisCassandraClaims, connect_redis
     from pysched.dispatch.kafka import KafkaDispatcher, ensure_topic
-    from pysched.stores.cassandra import CassandraScheduleStore, connect, ensure_schema
+    from pysched.stores.cassandra import CassandraScheduleStore, connect
 
     session = connect(config)
-    ensure_schema(session, config)
+    _ensure_schema_or_shut_down(session, config)
     redis_client = connect_redis(config.redis)
     ensure_topic(config)
     claims = RedisCassandraClaims(redis_client, session, config)
@@ -95,7 +102,7 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
     if coordinator:
         from pysched.coord.etcd import EtcdCoordinator
 
-        etcd = EtcdCoordinator(config, publish_fence=publish_fence)
+        etcd = EtcdCoordinator(config, partitions=store.partitions, publish_fence=publish_fence)
         closers.append(etcd.close)
         coord = etcd
     else:
@@ -117,11 +124,23 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
 
 def open_cluster_store(config: ClusterConfig) -> tuple[ScheduleStore, Callable[[], None]]:
     """Just the schedule store, for commands that only read or register."""
-    from pysched.stores.cassandra import CassandraScheduleStore, connect, ensure_schema
+    from pysched.stores.cassandra import CassandraScheduleStore, connect
 
     session = connect(config)
-    ensure_schema(session, config)
+    _ensure_schema_or_shut_down(session, config)
     return CassandraScheduleStore(session, config), session.cluster.shutdown
+
+
+def _ensure_schema_or_shut_down(session: Session, config: ClusterConfig) -> None:
+    """ensure_schema; a configuration it refuses (another partition count
+    than the keyspace's) leaves no driver threads behind to delay the exit."""
+    from pysched.stores.cassandra import ensure_schema
+
+    try:
+        ensure_schema(session, config)
+    except BaseException:
+        session.cluster.shutdown()
+        raise
 
 
 class _NoCoordinator:

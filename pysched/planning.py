@@ -6,10 +6,10 @@ from pysched import cron, native
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.protocols import PlannedRun
 
-DEFAULT_PARTITIONS = 64
 
-
-def partition_for(job_id: str, partitions: int = DEFAULT_PARTITIONS) -> int:
+def partition_for(job_id: str, partitions: int) -> int:
+    """The job's partition; ``partitions`` is the store's count, never a
+    client's own (see ScheduleStore.partitions)."""
     return int(native.shard_for(job_id, partitions))
 
 

@@ -27,6 +27,24 @@ class JobNotActive(ValueError):
     """The job was cancelled or has completed."""
 
 
+# The partitions a new store gets when its creator names no count.
+DEFAULT_PARTITIONS = 64
+
+
+class PartitionsMismatch(ValueError):
+    """A client named a partition count other than the one its store was
+    created with. Jobs are placed by ``crc32(id) % count``: a client counting
+    differently would place jobs in partitions no node leads."""
+
+    def __init__(self, store: str, named: int, stored: int) -> None:
+        super().__init__(
+            f"partitions = {named}, but {store} was created with {stored} partitions and keeps them;"
+            f" leave partitions out (the store's count is used) or set it to {stored}"
+        )
+        self.named = named
+        self.stored = stored
+
+
 @dataclass(frozen=True, slots=True)
 class PlannedRun:
     run_at_ms: int  # the schedule's time: part of the idempotency key
@@ -102,6 +120,12 @@ Fences = Mapping[int, int]
 
 class ScheduleStore(Protocol):
     """Job definitions, the schedule of runs, and their history."""
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions its jobs are spread over: fixed when the store
+        was created, so every client places and leads jobs alike."""
+        ...
 
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         """Register a job and its first run; durable when this returns.

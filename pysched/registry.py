@@ -1,6 +1,9 @@
 """Registering, rescheduling and cancelling jobs: admission, planning and one
 store call, so a job is acknowledged only once its first run is committed and
-a job that cannot run is refused before anything is stored."""
+a job that cannot run is refused before anything is stored.
+
+A job goes to a partition of the store's count (ScheduleStore.partitions),
+the one its nodes lead, whatever the registering client was configured with."""
 
 from __future__ import annotations
 
@@ -8,20 +11,19 @@ from collections.abc import Sequence
 
 from pysched.admission import admit, check_schedule
 from pysched.model import CronSchedule, Job, OnceSchedule
-from pysched.planning import DEFAULT_PARTITIONS, first_run, jitter_for, partition_for
+from pysched.planning import first_run, jitter_for, partition_for
 from pysched.protocols import JobRecord, Registration, ScheduleStore
 
 
-def register(store: ScheduleStore, job: Job, now_ms: int, partitions: int = DEFAULT_PARTITIONS) -> JobRecord:
+def register(store: ScheduleStore, job: Job, now_ms: int) -> JobRecord:
     """Raises JobRejected (nothing stored) or JobExists."""
     admit(job, now_ms)
     jitter_ms = jitter_for(job, now_ms)
-    return store.add_job(job, partition_for(job.id, partitions), jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)
+    partition = partition_for(job.id, store.partitions)
+    return store.add_job(job, partition, jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)
 
 
-def register_many(
-    store: ScheduleStore, jobs: Sequence[Job], now_ms: int, partitions: int = DEFAULT_PARTITIONS
-) -> list[str]:
+def register_many(store: ScheduleStore, jobs: Sequence[Job], now_ms: int) -> list[str]:
     """Register jobs in bulk; returns the ids that already existed. A job that
     is refused raises JobRejected before any is stored."""
     for job in jobs:
@@ -29,7 +31,7 @@ def register_many(
     items: list[Registration] = []
     for job in jobs:
         jitter_ms = jitter_for(job, now_ms)
-        items.append((job, partition_for(job.id, partitions), jitter_ms, first_run(job, jitter_ms, now_ms)))
+        items.append((job, partition_for(job.id, store.partitions), jitter_ms, first_run(job, jitter_ms, now_ms)))
     return store.add_jobs(items, now_ms)
 
 

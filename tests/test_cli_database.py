@@ -146,7 +146,7 @@ def test_add_warns_when_no_scheduler_runs_on_the_database(db_path: Path) -> None
     # A scheduler holding the lease: no warning.
     db = SQLiteDatabase(db_path)
     try:
-        SQLiteLeaseCoordinator(db, partitions=1).poll("node-a", time.time_ns() // 1_000_000)
+        SQLiteLeaseCoordinator(db).poll("node-a", time.time_ns() // 1_000_000)
         quiet = cli("add", "other", "--in", "600", "--shell", "true", db=db_path)
         assert quiet.stderr == ""
     finally:

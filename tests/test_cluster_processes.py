@@ -80,7 +80,7 @@ class Cluster:
                     "payload": {"ledger": str(self.ledger), "due_ms": run_at},
                 }
             )
-            register(backends.store, job, now_ms(), self.config.partitions)
+            register(backends.store, job, now_ms())
             return f"{job.id}:{run_at}:0"
 
         backends = open_cluster(self.config, coordinator=False)

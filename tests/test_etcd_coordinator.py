@@ -26,8 +26,8 @@ def test_a_partition_whose_fence_failed_to_publish_is_led_after_the_next_poll(
             raise TimeoutError("publishing the fence timed out")
         published.append((partition, fence))
 
-    config = cluster_config_for(services, keyspace, partitions=4, kafka_partitions=2)
-    coordinator = EtcdCoordinator(config, publish_fence=publish)
+    config = cluster_config_for(services, keyspace, kafka_partitions=2)
+    coordinator = EtcdCoordinator(config, partitions=4, publish_fence=publish)
     try:
         with pytest.raises(TimeoutError):
             coordinator.poll("node-1", 0)

@@ -34,7 +34,7 @@ def old_history(db_path: Path, runs: int = 5) -> None:
     backends = open_embedded(db_path)
     store = backends.store
     try:
-        store.add_job(job, partition_for(job.id), 0, PlannedRun(start, start), start - 1_000)
+        store.add_job(job, partition_for(job.id, store.partitions), 0, PlannedRun(start, start), start - 1_000)
         fences = dict.fromkeys(range(64), 1)
         for k in range(runs):
             now = start + k * HOUR_MS

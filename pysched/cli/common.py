@@ -18,7 +18,7 @@ from rich.console import Console
 from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
 from pysched.coord.local import scheduler_seen
-from pysched.protocols import JobRecord, RunRecord, ScheduleStore
+from pysched.protocols import JobRecord, PartitionsMismatch, RunRecord, ScheduleStore
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import Access, DatabaseUnusable, SQLiteDatabase
 
@@ -100,7 +100,8 @@ def open_store(db: str, config: str | None = None, *, access: Access) -> Schedul
     """The embedded database, or the cluster's store when --config is given.
     Only a command that can start a database (access "create") makes a
     file; an unusable file or an unreachable server is an error naming it,
-    not a traceback."""
+    not a traceback, and so is a configuration whose partition count is
+    not the keyspace's."""
     try:
         if config is None:
             return SQLiteScheduleStore(SQLiteDatabase(db, access=access))
@@ -111,6 +112,8 @@ def open_store(db: str, config: str | None = None, *, access: Access) -> Schedul
         return store
     except DatabaseUnusable as exc:
         fail(f"--db {exc}")
+    except PartitionsMismatch as exc:
+        fail(f"--config: {config}: {exc}")
     except (OSError, ConnectionError) as exc:
         fail(str(exc))
 

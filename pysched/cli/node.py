@@ -19,6 +19,7 @@ from pysched.cli.signals import StopSignals
 from pysched.demo import register_demo_jobs
 from pysched.leader import RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
+from pysched.protocols import PartitionsMismatch
 from pysched.stores.sqlite_db import Access, DatabaseUnusable
 from pysched.worker import WorkerConfig
 
@@ -50,6 +51,8 @@ def _open(db: str, config: str | None, coordinator: bool = True, access: Access 
         return open_cluster(cluster_config(config), coordinator=coordinator)
     except DatabaseUnusable as exc:
         fail(f"--db {exc}")
+    except PartitionsMismatch as exc:
+        fail(f"--config: {config}: {exc}")
     except (OSError, ConnectionError) as exc:
         fail(str(exc))
 

@@ -32,11 +32,15 @@ class EtcdCoordinator:
     def __init__(
         self,
         config: ClusterConfig,
+        *,
+        partitions: int,
         publish_fence: Callable[[int, int], None] | None = None,
         prefix: str | None = None,
         call_timeout_s: float = 5.0,
     ) -> None:
-        self.partitions = config.partitions
+        # The keyspace's count (ScheduleStore.partitions), not the
+        # configuration's: the partitions its jobs are placed in.
+        self.partitions = partitions
         self.ttl_s = config.lease_ttl_s
         # A poll refreshes the lease once it is a quarter of its TTL old, so
         # at least three quarters remain when a poll begins; less a second

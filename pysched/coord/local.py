@@ -29,9 +29,10 @@ def scheduler_seen(db: SQLiteDatabase, now_ms: int, within_ms: int = SEEN_WITHIN
 class SQLiteLeaseCoordinator:
     """One leader for every partition of the embedded scheduler."""
 
-    def __init__(self, db: SQLiteDatabase | str | Path, partitions: int, ttl_ms: int = 5_000) -> None:
+    def __init__(self, db: SQLiteDatabase | str | Path, ttl_ms: int = 5_000) -> None:
         self.db = db if isinstance(db, SQLiteDatabase) else SQLiteDatabase(db)
-        self.partitions = partitions
+        # The database's own count: the partitions its jobs are placed in.
+        self.partitions = self.db.partitions
         self.ttl_ms = ttl_ms
         # Each poll renews the lease for ttl_ms; a second's margin covers a
         # batch still being handed on when the answer runs out.

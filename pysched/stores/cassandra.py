@@ -13,6 +13,8 @@ Tables (keyspace from the config):
 - ``changes``: per partition, a counter bumped by registrations, which leaders
   poll to reload early.
 - ``claims``: the authoritative idempotency claims (see claims/redis_cassandra).
+- ``meta``: what is fixed when the keyspace is created: the partition count,
+  which every client reads instead of taking it from its configuration.
 
 Writes that acknowledge a registration use QUORUM; job creation and state
 changes that must not race use lightweight transactions.
@@ -24,6 +26,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout
@@ -35,12 +38,14 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement
 from pysched.config import ClusterConfig, host_port
 from pysched.model import Job
 from pysched.protocols import (
+    DEFAULT_PARTITIONS,
     SETTLE_MS,
     Fences,
     JobExists,
     JobNotActive,
     JobNotFound,
     JobRecord,
+    PartitionsMismatch,
     PlannedRun,
     PlanNext,
     Registration,
@@ -138,17 +143,28 @@ SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.changes (k int, partition int, n counter, PRIMARY KEY (k, partition))",
     "CREATE TABLE IF NOT EXISTS {ks}.claims (idem_key text PRIMARY KEY, run_id bigint, state text, holder text,"
     " fence bigint, lease_expires_ms bigint, result text, updated_at_ms bigint)",
+    "CREATE TABLE IF NOT EXISTS {ks}.meta (name text PRIMARY KEY, value int)",
 ]
 
 
-def ensure_schema(session: Session, config: ClusterConfig) -> None:
-    """Create what is missing. Every partition gets a watermark at creation:
-    no run can be due before the schedule that holds it existed."""
+def ensure_schema(session: Session, config: ClusterConfig) -> int:
+    """Create what is missing; returns the keyspace's partition count.
+    Every partition gets a watermark at creation: no run can be due before
+    the schedule that holds it existed. Raises PartitionsMismatch if the
+    configuration names another count than the keyspace's, which is left
+    as it was."""
     for statement in SCHEMA:
         session.execute(statement.format(ks=config.keyspace, rf=config.replication_factor), timeout=60)
     session.cluster.control_connection.wait_for_schema_agreement(wait_time=30)
     known = {r.partition for r in session.execute(f"SELECT partition FROM {config.keyspace}.watermarks")}
-    missing = [p for p in range(config.partitions) if p not in known]
+    # A keyspace made before the count was stored: its watermarks were
+    # written for the partitions its clients were configured with, which is
+    # what its nodes led; a configuration that names a count knows better.
+    unrecorded = config.partitions or (max(known) + 1 if known else DEFAULT_PARTITIONS)
+    partitions = _settle_partitions(session, config.keyspace, unrecorded)
+    if config.partitions is not None and config.partitions != partitions:
+        raise PartitionsMismatch(f"keyspace {config.keyspace!r}", config.partitions, partitions)
+    missing = [p for p in range(partitions) if p not in known]
     if missing:
         start = time.time_ns() // 1_000_000 - SETTLE_MS
         # Write timestamp 1: any real write wins over it, so this creates the
@@ -159,12 +175,42 @@ def ensure_schema(session: Session, config: ClusterConfig) -> None:
         )
         for p in missing:
             session.execute(insert, (p, start))
+    return partitions
+
+
+def stored_partitions(session: Session, keyspace: str) -> int | None:
+    """The keyspace's partition count, None before ensure_schema wrote it."""
+    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'partitions'").one()
+    return None if row is None else int(row.value)
+
+
+def _settle_partitions(session: Session, keyspace: str, count: int) -> int:
+    """The keyspace's count, writing ``count`` if it has none. A lightweight
+    transaction: of clients creating the keyspace together, one count wins
+    and all of them read it. Only the first open of a keyspace gets past
+    the plain read."""
+    insert = f"INSERT INTO {keyspace}.meta (name, value) VALUES ('partitions', %s) IF NOT EXISTS"
+    for _ in range(_CAS_ATTEMPTS):
+        stored = stored_partitions(session, keyspace)
+        if stored is not None:
+            return stored
+        # Applied or not, the transaction leaves a committed count for the
+        # read that follows; one that timed out may not have, and is tried again.
+        with suppress(*_AMBIGUOUS):
+            session.execute(insert, (count,))
+    raise BackendUnavailable(f"cassandra: could not record the partition count of keyspace {keyspace}")
 
 
 class CassandraScheduleStore:
     def __init__(self, session: Session, config: ClusterConfig) -> None:
         self.session = session
-        self.partitions = config.partitions
+        # The keyspace's count, not the configuration's: the partitions
+        # every node leads (ensure_schema writes it, and checks the
+        # configuration against it).
+        stored = stored_partitions(session, config.keyspace)
+        if stored is None:
+            raise BackendUnavailable(f"cassandra: keyspace {config.keyspace} has no partition count; run ensure_schema")
+        self.partitions = stored
         self.keyspace = ks = config.keyspace
         p = session.prepare
         self._insert_job = p(

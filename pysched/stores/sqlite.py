@@ -54,6 +54,7 @@ _NEWEST_FINISHED = (
 class SQLiteScheduleStore:
     def __init__(self, db: SQLiteDatabase | str | Path) -> None:
         self.db = db if isinstance(db, SQLiteDatabase) else SQLiteDatabase(db)
+        self.partitions = self.db.partitions
 
     # -- registration ---------------------------------------------------------
 

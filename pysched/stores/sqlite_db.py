@@ -4,7 +4,14 @@ the lease coordinator and the claims, one connection per thread.
 The file is marked as pysched's (``PRAGMA application_id`` and a schema
 version in ``meta``), so a file of another program is refused rather than
 written into. Files made before the mark existed have the tables but no
-mark; they are accepted and marked on their next write."""
+mark; they are accepted and marked on their next write.
+
+``meta`` also holds the partition count, written when the file is created
+and read by every process that opens it: the store places jobs by it and the
+lease coordinator leads that many partitions. Files made before the count
+was stored were used with 64 by every client (the only count the CLI and
+``open_embedded`` knew), so that is their count, recorded on their next
+write."""
 
 from __future__ import annotations
 
@@ -16,9 +23,13 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Literal
 
+from pysched.protocols import DEFAULT_PARTITIONS, PartitionsMismatch
+
 # "psch": what `file` and `sqlite3` show for a pysched database.
 APPLICATION_ID = 0x70736368
 SCHEMA_VERSION = 1
+# The count of every database made before the count was stored.
+UNRECORDED_PARTITIONS = 64
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -91,8 +102,14 @@ Access = Literal["read", "write", "create"]
 
 
 class SQLiteDatabase:
-    def __init__(self, path: str | Path, *, access: Access = "create") -> None:
+    """``partitions``: the count a new database is created with (default
+    64); for an existing one, what the caller expects, refused with
+    PartitionsMismatch if the file says otherwise. Either way the file's
+    count is ``self.partitions``."""
+
+    def __init__(self, path: str | Path, *, access: Access = "create", partitions: int | None = None) -> None:
         self.path = os.fspath(path)
+        self.partitions = DEFAULT_PARTITIONS
         self._local = threading.local()
         if not self.path:
             raise DatabaseUnusable(self.path, "an empty path names no file; give the database's file")
@@ -103,7 +120,7 @@ class SQLiteDatabase:
         self._uri = Path(self.path).absolute().as_uri() + "?mode=rw"
         created = _create(self.path) if access == "create" else _require(self.path)
         try:
-            self._prepare(access)
+            self._prepare(access, partitions)
         except DatabaseUnusable:
             self.close()
             if created:
@@ -111,14 +128,18 @@ class SQLiteDatabase:
                     with suppress(OSError):
                         Path(self.path + suffix).unlink()
             raise
+        except PartitionsMismatch:
+            self.close()
+            raise
 
-    def _prepare(self, access: Access) -> None:
+    def _prepare(self, access: Access, partitions: int | None) -> None:
         try:
             conn = self.connection()
             empty = _identify(self.path, conn)
             if empty and access != "create":
                 raise DatabaseUnusable(self.path, "not a pysched database (it holds no tables)")
             if access == "read":
+                self.partitions = self._check_partitions(conn, partitions)
                 return
             # Only now that the file is known to be ours (or empty): WAL is
             # a mark in the file's header, which stays.
@@ -135,8 +156,24 @@ class SQLiteDatabase:
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                     (SCHEMA_VERSION,),
                 )
+                # Written once: in the transaction that also reads it back,
+                # so of two processes creating the file the first one's
+                # count holds and the second is checked against it.
+                named = DEFAULT_PARTITIONS if partitions is None else partitions
+                count = named if empty else UNRECORDED_PARTITIONS
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('partitions', ?) ON CONFLICT (key) DO NOTHING", (count,)
+                )
+                self.partitions = self._check_partitions(conn, partitions)
         except sqlite3.Error as exc:
             raise _unusable(self.path, exc) from None
+
+    def _check_partitions(self, conn: sqlite3.Connection, expected: int | None) -> int:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'partitions'").fetchone()
+        stored = UNRECORDED_PARTITIONS if row is None else int(row[0])
+        if expected is not None and expected != stored:
+            raise PartitionsMismatch(f"database {self.path!r}", expected, stored)
+        return stored
 
     def connection(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
