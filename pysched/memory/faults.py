@@ -35,7 +35,8 @@ class FaultPoint:
 
 @dataclass(frozen=True, slots=True)
 class ScriptedFault:
-    """Fail the ``occurrence``-th check of this point (counted from 1)."""
+    """Fail the ``occurrence``-th check of this point, phase included
+    (counted from 1): a call that failed before never reaches its after."""
 
     point: FaultPoint
     occurrence: int = 1
