@@ -4,10 +4,13 @@ and rebalance semantics, etcd's lease expiry and fences, the fault hook."""
 from __future__ import annotations
 
 import random
+import threading
+from collections import Counter
 
 import pytest
 
 from pysched.clock import ManualClock
+from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
 from pysched.memory import open_memory
 from pysched.memory.claims import MemoryClaims
 from pysched.memory.coordinator import Election, MemoryCoordinator
@@ -17,6 +20,9 @@ from pysched.memory.store import MemoryScheduleStore, ScheduleTables
 from pysched.model import Job
 from pysched.protocols import NEAR_MS, ClaimOutcome, PlannedRun
 from pysched.records import DispatchRecord
+from pysched.registry import register
+from pysched.worker import WorkerPool
+from tests.test_leader import StoppingClock, job
 
 T0 = 1_700_000_040_000
 
@@ -280,3 +286,32 @@ def test_a_holder_claiming_its_own_live_claim_again_takes_it_over() -> None:
     assert claims.claim(rec, "w1", T0, 30_000).outcome is ClaimOutcome.CLAIMED
     assert claims.claim(rec, "w1", T0 + 1, 30_000).outcome is ClaimOutcome.TAKEN_OVER
     assert claims.tables.claim_rows()[rec.idempotency_key].lease_expires_ms == T0 + 30_001
+
+
+# -- the real leader and worker on the memory engine -------------------------------
+
+
+def test_the_leader_and_a_worker_run_every_run_once_on_the_memory_engine() -> None:
+    stop = threading.Event()
+    end = T0 + 180_005
+    clock = StoppingClock(T0, end, stop)
+    cluster = open_memory(64, clock)
+    node = cluster.node()
+    every_10s = {"id": "every-10s", "schedule": {"kind": "cron", "expr": "*/10 * * * * *"}, "critical": True}
+    register(node.store, job(every_10s), T0)
+    register(node.store, job({"id": "once", "schedule": {"kind": "once", "run_at_ms": T0 + 95_005}}), T0)
+    events: list[RunDispatched] = []
+    config = LeaderConfig(reload_every_ms=1_000, threads=False)
+    PartitionLeader(node.store, node.coordinator, node.dispatcher, clock, "a", config, events.append).run(stop)
+    assert Counter(e.job_id for e in events) == {"every-10s": 18, "once": 1}
+    assert all(0 <= e.dispatched_at_ms - e.due_ms < config.tick_ms for e in events)
+    # Every record reached the broker once; a worker runs each once.
+    assert len(cluster.broker.records()) == 19
+    pool = WorkerPool(node.dispatcher, node.claims, node.store, clock, "w")
+    consumer = node.dispatcher.consumer()
+    outcomes = []
+    while (delivery := consumer.next(0)) is not None:
+        outcomes.append(pool.handle(delivery.payload))
+        consumer.ack(delivery)
+    assert outcomes == [ClaimOutcome.CLAIMED] * 19
+    assert Counter(r.state for r in cluster.schedule.all_run_rows()) == {"succeeded": 19, "scheduled": 1}
