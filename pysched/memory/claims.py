@@ -1,0 +1,120 @@
+"""In-memory idempotency claims, modelled on claims/redis_cassandra.py.
+
+The fence floors are Redis's (raised by a new leader, checked and raised by
+every claim); the claim rows are Cassandra's authoritative table, with the
+three outcomes of the design plus FENCED. Leases are judged by the ``now_ms``
+the caller passes, as on the cluster.
+
+Not modelled: Redis's own copy of each claim (a "held" or "done" marker). On
+the cluster it only answers what the table would, except when Redis lost or
+outlived state (a "done" marker outlives the row pruning deletes by a week).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from pysched.memory.faults import FaultHook, Guard
+from pysched.protocols import Claim, ClaimOutcome
+from pysched.records import DispatchRecord
+
+ROLE = "claims"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRow:
+    run_id: int
+    state: str  # running | succeeded | failed
+    holder: str
+    fence: int
+    lease_expires_ms: int
+    result: str | None
+    updated_at_ms: int
+
+
+class ClaimTables:
+    """The claims' state, shared by every node's MemoryClaims."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.floors: dict[int, int] = {}
+        self.rows: dict[str, ClaimRow] = {}
+
+    # -- read back by a simulator's checker ------------------------------------
+
+    def claim_rows(self) -> dict[str, ClaimRow]:
+        with self.lock:
+            return dict(self.rows)
+
+    def fence_floors(self) -> dict[int, int]:
+        with self.lock:
+            return dict(self.floors)
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Delete claims (the store prunes them with their runs)."""
+        with self.lock:
+            for key in keys:
+                self.rows.pop(key, None)
+
+
+class MemoryClaims:
+    def __init__(self, tables: ClaimTables | None = None, faults: FaultHook | None = None) -> None:
+        self.tables = tables if tables is not None else ClaimTables()
+        self._op = Guard(ROLE, faults, self.tables.lock)
+
+    def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
+        t = self.tables
+        with self._op("claim"):
+            floor = t.floors.get(record.partition, 0)
+            if record.fence < floor:
+                return Claim(ClaimOutcome.FENCED, fence_floor=floor)
+            floor = t.floors[record.partition] = record.fence
+            key = record.idempotency_key
+            row = t.rows.get(key)
+            if row is None:
+                t.rows[key] = ClaimRow(record.run_id, "running", holder, record.fence, now_ms + lease_ms, None, now_ms)
+                return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
+            if row.state == "succeeded":
+                return Claim(ClaimOutcome.SUCCEEDED, result=row.result, fence_floor=floor)
+            if row.state == "running" and row.lease_expires_ms > now_ms and row.holder != holder:
+                return Claim(ClaimOutcome.BUSY, fence_floor=floor)
+            # A dead lease, a failed run, or this holder's own claim again:
+            # the cluster's conditional take-over, which wins here.
+            t.rows[key] = replace(
+                row,
+                state="running",
+                holder=holder,
+                fence=record.fence,
+                lease_expires_ms=now_ms + lease_ms,
+                updated_at_ms=now_ms,
+            )
+            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor)
+
+    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
+        t = self.tables
+        extended = 0
+        with self._op("heartbeat"):
+            for key in keys:
+                row = t.rows.get(key)
+                # Like the cluster's conditional update: a lease already
+                # expired is still extended while nobody has taken over.
+                if row is not None and row.holder == holder and row.state == "running":
+                    t.rows[key] = replace(row, lease_expires_ms=now_ms + lease_ms, updated_at_ms=now_ms)
+                    extended += 1
+        return extended
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        t = self.tables
+        with self._op("raise_fence"):
+            t.floors[partition] = max(t.floors.get(partition, 0), fence)
+
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+        t = self.tables
+        with self._op("complete"):
+            row = t.rows.get(key)
+            if row is None or row.holder != holder or row.state != "running":
+                return  # no longer ours: whoever took over decides
+            state = "succeeded" if succeeded else "failed"
+            t.rows[key] = replace(row, state=state, result=result, updated_at_ms=now_ms)

@@ -1,0 +1,539 @@
+"""An in-memory schedule store, modelled on stores/cassandra.py.
+
+The tables are Cassandra's: ``jobs``; ``schedule``, the rows a leader reads
+from its partition's watermark up to its horizon, by due time (never deleted
+once sent: a reader ahead of the watermark sees them again); ``runs``, each
+run's history, where "dispatched" is a scheduled run with a dispatch time;
+``watermarks`` with their fence, moved only by a leader whose fence is not
+older than the partition's; ``changes``, bumped by registrations due soon.
+Writes behave like Cassandra's: an update of a missing run row creates it.
+
+ScheduleTables is the cluster's state; each node talks to it through its own
+MemoryScheduleStore, which, like the Cassandra client, remembers the
+watermarks it last read or moved.
+
+Where it differs, on purpose: each call is atomic under one lock (on the
+cluster a call is several statements, and two leaders' calls interleave);
+a registration cannot die half-way (no "registering" rows); "now", where the
+cluster uses a server's clock, is the injected Clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import threading
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from pysched.clock import Clock
+from pysched.memory.claims import ClaimTables
+from pysched.memory.faults import FaultHook, Guard
+from pysched.model import Job
+from pysched.protocols import (
+    SETTLE_MS,
+    DispatchRow,
+    DueRow,
+    Fences,
+    JobExists,
+    JobNotActive,
+    JobNotFound,
+    JobRecord,
+    PlannedRun,
+    PlanNext,
+    Registration,
+    RunRecord,
+    is_near,
+)
+from pysched.records import DispatchRecord, idempotency_key
+
+ROLE = "store"
+# The same constants as the Cassandra store: what the simulator checks is
+# that store's behaviour.
+HAND_BACK_MS = 1_000
+WATERMARK_STEP_MS = 5_000
+_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+# last_runs reads this many of a job's newest rows, as the Cassandra store.
+_LAST_RUNS_READ = 4
+
+
+def run_id_for(job_id: str, run_at_ms: int, attempt_group: int) -> int:
+    """The Cassandra store's run id: derived from the run's identity, so
+    planning the same run twice yields the same id."""
+    digest = hashlib.sha256(idempotency_key(job_id, run_at_ms, attempt_group).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    job: Job
+    state: str  # active | cancelled | completed
+    partition: int
+    jitter_ms: int
+    created_at_ms: int
+    updated_at_ms: int
+    next_run: PlannedRun | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    job_id: str
+    run_at_ms: int
+    attempt_group: int
+    run_id: int
+    due_ms: int
+    partition: int
+    state: str  # scheduled | running | succeeded | failed | cancelled
+    attempt: int = 0
+    fence: int | None = None
+    dispatched_at_ms: int | None = None
+    started_at_ms: int | None = None
+    ended_at_ms: int | None = None
+    worker: str | None = None
+    error: str | None = None
+    result: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    partition: int
+    due_ms: int
+    run_id: int
+    job_id: str
+    run_at_ms: int
+    attempt_group: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkRow:
+    fired_through_ms: int
+    fence: int
+
+
+RunKey = tuple[int, int]  # (run_at_ms, attempt_group) within a job
+
+
+class ScheduleTables:
+    """The cluster's rows, shared by every node's store. Every partition has
+    a watermark from the start, as ``ensure_schema`` writes them: no run can
+    be due before the schedule that holds it existed."""
+
+    def __init__(self, partitions: int, clock: Clock, claims: ClaimTables | None = None) -> None:
+        self.lock = threading.RLock()
+        self.clock = clock
+        self.claims = claims  # pruning deletes claims with their runs
+        start = clock.now_ms() - SETTLE_MS
+        self.jobs: dict[str, JobRow] = {}
+        self.runs: dict[str, dict[RunKey, RunRow]] = {}
+        # Per partition, (due_ms, run_id) kept sorted, and the rows by it.
+        self.schedule_keys: dict[int, list[tuple[int, int]]] = {p: [] for p in range(partitions)}
+        self.schedule: dict[tuple[int, int, int], ScheduleRow] = {}
+        self.marks: dict[int, WatermarkRow] = {p: WatermarkRow(start, 0) for p in range(partitions)}
+        self.changes: dict[int, int] = {}
+
+    # -- read back by a simulator's checker ------------------------------------
+
+    def run_rows(self, job_id: str) -> list[RunRow]:
+        """Every stored run of a job, scheduled ones included, newest first."""
+        with self.lock:
+            return _newest_first(self.runs.get(job_id, {}))
+
+    def all_run_rows(self) -> list[RunRow]:
+        """Every run of every job, by job id, each job's newest first."""
+        with self.lock:
+            return [row for job_id in sorted(self.runs) for row in _newest_first(self.runs[job_id])]
+
+    def job_rows(self) -> dict[str, JobRow]:
+        with self.lock:
+            return dict(self.jobs)
+
+    def schedule_rows(self, partition: int) -> list[ScheduleRow]:
+        with self.lock:
+            keys = self.schedule_keys.get(partition, [])
+            return [self.schedule[(partition, due, run_id)] for due, run_id in keys]
+
+    def watermark_rows(self) -> dict[int, WatermarkRow]:
+        with self.lock:
+            return dict(self.marks)
+
+    # -- writes shared by the store's operations --------------------------------
+
+    def put_schedule(self, row: ScheduleRow) -> None:
+        key = (row.partition, row.due_ms, row.run_id)
+        if key not in self.schedule:
+            bisect.insort(self.schedule_keys.setdefault(row.partition, []), (row.due_ms, row.run_id))
+        self.schedule[key] = row
+
+    def delete_schedule(self, partition: int, due_ms: int, run_id: int) -> None:
+        if self.schedule.pop((partition, due_ms, run_id), None) is not None:
+            keys = self.schedule_keys[partition]
+            del keys[bisect.bisect_left(keys, (due_ms, run_id))]
+
+    def read_schedule(self, partition: int, after_ms: int, before_ms: int) -> list[ScheduleRow]:
+        """Rows due strictly between the two times, as the bucket query."""
+        keys = self.schedule_keys.get(partition, [])
+        lo = bisect.bisect_right(keys, (after_ms, 2**63))
+        hi = bisect.bisect_left(keys, (before_ms, -1))
+        return [self.schedule[(partition, due, run_id)] for due, run_id in keys[lo:hi]]
+
+    def upsert_run(self, job_id: str, key: RunKey, row: RunRow) -> None:
+        self.runs.setdefault(job_id, {})[key] = row
+
+    def bump(self, partition: int) -> None:
+        self.changes[partition] = self.changes.get(partition, 0) + 1
+
+
+class MemoryScheduleStore:
+    """One node's client of the ScheduleTables."""
+
+    def __init__(self, tables: ScheduleTables, faults: FaultHook | None = None) -> None:
+        self.tables = tables
+        self._op = Guard(ROLE, faults, tables.lock)
+        # The watermarks this client last read or moved: it moves one only
+        # a WATERMARK_STEP_MS past that, as the Cassandra client does.
+        self._wm_cache: dict[int, int] = {}
+
+    # -- registration ---------------------------------------------------------
+
+    def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
+        with self._op("add_job"):
+            if job.id in self.tables.jobs:
+                raise JobExists(f"job {job.id!r} already exists")
+            first = self._register(job, partition, jitter_ms, first, now_ms)
+            if is_near(first, now_ms):
+                self.tables.bump(partition)
+            return JobRecord(job, "active" if first else "completed", partition, jitter_ms, now_ms, first)
+
+    def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
+        existing: list[str] = []
+        near: set[int] = set()
+        with self._op("add_jobs"):
+            for job, partition, jitter_ms, first in items:
+                if job.id in self.tables.jobs:
+                    existing.append(job.id)
+                    continue
+                if is_near(self._register(job, partition, jitter_ms, first, now_ms), now_ms):
+                    near.add(partition)
+            for partition in sorted(near):
+                self.tables.bump(partition)
+        return existing
+
+    def _register(
+        self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int
+    ) -> PlannedRun | None:
+        first = self._not_before_now(first)
+        if first is not None:
+            self._write_run(job.id, partition, first)
+        state = "active" if first else "completed"
+        self.tables.jobs[job.id] = JobRow(job, state, partition, jitter_ms, now_ms, now_ms, first)
+        return first
+
+    def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
+        with self._op("reschedule"):
+            current = self._row(job.id)
+            if current.state != "active":
+                raise JobNotActive(f"job {job.id!r} is {current.state}")
+            first = self._not_before_now(first)
+            if first is not None:
+                self._write_run(job.id, current.partition, first)
+            self.tables.jobs[job.id] = replace(
+                current,
+                job=job,
+                jitter_ms=jitter_ms,
+                state="active" if first else "completed",
+                next_run=first,
+                updated_at_ms=now_ms,
+            )
+            old = current.next_run
+            if old is not None and (first is None or first.run_at_ms != old.run_at_ms):
+                self._drop_pending(job.id, current.partition, old, now_ms)
+            self.tables.bump(current.partition)
+            return self._record(self.tables.jobs[job.id])
+
+    def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
+        with self._op("cancel_job"):
+            current = self._row(job_id)
+            if current.state == "cancelled":
+                raise JobNotActive(f"job {job_id!r} is already cancelled")
+            self.tables.jobs[job_id] = replace(current, state="cancelled", next_run=None, updated_at_ms=now_ms)
+            if current.next_run is not None:
+                self._drop_pending(job_id, current.partition, current.next_run, now_ms)
+            self.tables.bump(current.partition)
+            return self._record(self.tables.jobs[job_id])
+
+    # -- reading --------------------------------------------------------------
+
+    def get_job(self, job_id: str) -> JobRecord:
+        with self._op("get_job"):
+            return self._record(self._row(job_id))
+
+    def list_jobs(self) -> list[JobRecord]:
+        with self._op("list_jobs"):
+            return [self._record(self.tables.jobs[j]) for j in sorted(self.tables.jobs)]
+
+    def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:
+        with self._op("history"):
+            self._row(job_id)
+            out = [r for r in map(_run_record, _newest_first(self.tables.runs.get(job_id, {}))) if r is not None]
+            return out[:limit]
+
+    def last_runs(self, job_ids: Sequence[str]) -> dict[str, RunRecord]:
+        out: dict[str, RunRecord] = {}
+        with self._op("last_runs"):
+            for job_id in job_ids:
+                for row in _newest_first(self.tables.runs.get(job_id, {}))[:_LAST_RUNS_READ]:
+                    run = _run_record(row)
+                    if run is not None and run.dispatched_at_ms is not None:
+                        out[job_id] = run
+                        break
+        return out
+
+    def change_versions(self) -> dict[int, int]:
+        with self._op("change_versions"):
+            return dict(self.tables.changes)
+
+    def watermarks(self) -> dict[int, int]:
+        with self._op("watermarks"):
+            return {p: m.fired_through_ms for p, m in self.tables.marks.items()}
+
+    # -- fences and hand-backs ------------------------------------------------
+
+    def raise_fence(self, partition: int, fence: int) -> None:
+        with self._op("raise_fence"):
+            mark = self.tables.marks.get(partition)
+            # Conditional on an existing row, like the cluster's IF fence < f.
+            if mark is not None and mark.fence < fence:
+                self.tables.marks[partition] = replace(mark, fence=fence)
+
+    def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
+        with self._op("hand_back"):
+            row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
+            if row is None or row.state != "scheduled":
+                return False  # started, finished or cancelled since: nothing owed
+            # A second schedule row, ahead of any watermark; the first stays.
+            due = now_ms + HAND_BACK_MS
+            self.tables.put_schedule(
+                ScheduleRow(record.partition, due, record.run_id, record.job_id, record.run_at_ms, record.attempt_group)
+            )
+            self.tables.bump(record.partition)
+            return True
+
+    # -- the leader's side ----------------------------------------------------
+
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+        with self._op("due_runs"):
+            if not fences:
+                return []
+            marks = {p: m.fired_through_ms for p, m in self.tables.marks.items()}
+            self._wm_cache.update(marks)
+            rows: dict[int, DueRow] = {}
+            for p in fences:
+                start = marks.get(p, now_ms - SETTLE_MS)
+                for r in self.tables.read_schedule(p, start, horizon_ms):
+                    # A run handed back has a second row: it is due once, at
+                    # the earlier.
+                    known = rows.get(r.run_id)
+                    if known is None or r.due_ms < known[1]:
+                        rows[r.run_id] = (r.run_id, r.due_ms, r.job_id, r.run_at_ms, p, r.attempt_group, 1)
+            return sorted(rows.values(), key=lambda r: (r[1], r[0]))
+
+    def finish_dispatch(
+        self, rows: Sequence[DispatchRow], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+    ) -> list[DueRow]:
+        with self._op("finish_dispatch"):
+            for _, job_id, run_at_ms, due_ms, partition, _, group in rows:
+                self._mark_dispatched(job_id, run_at_ms, group, due_ms, partition, fences[partition], now_ms)
+            planned = self._plan(rows, now_ms, plan_next)
+            for p, through in marks.items():
+                if self._wm_cache.get(p, -1) < through - WATERMARK_STEP_MS:
+                    self._move_watermark(p, through, fences[p])
+                    # Assumed moved whether or not it applied, as the Cassandra
+                    # client does.
+                    self._wm_cache[p] = through
+            return planned
+
+    def _mark_dispatched(
+        self, job_id: str, run_at_ms: int, group: int, due_ms: int, partition: int, fence: int, now_ms: int
+    ) -> None:
+        key = (run_at_ms, group)
+        row = self.tables.runs.get(job_id, {}).get(key)
+        if row is None:  # an update creates the row on Cassandra
+            row = RunRow(job_id, run_at_ms, group, run_id_for(job_id, run_at_ms, group), due_ms, partition, "scheduled")
+        self.tables.upsert_run(job_id, key, replace(row, fence=fence, dispatched_at_ms=now_ms))
+
+    def _plan(self, rows: Sequence[DispatchRow], now_ms: int, plan_next: PlanNext) -> list[DueRow]:
+        # The job rows as read before planning, as the Cassandra store does.
+        jobs = {r[1]: self.tables.jobs[r[1]] for r in rows if r[1] in self.tables.jobs}
+        planned: list[DueRow] = []
+        for _, job_id, run_at_ms, _, _, _, _ in rows:
+            job_row = jobs.get(job_id)
+            if job_row is None or job_row.state != "active":
+                continue
+            if job_row.next_run is not None and job_row.next_run.run_at_ms > run_at_ms:
+                continue  # a re-send: its next run was planned the first time
+            nxt = plan_next(job_row.job, job_row.jitter_ms, run_at_ms, now_ms)
+            current = self.tables.jobs[job_id]
+            if nxt is None:
+                self.tables.jobs[job_id] = replace(current, state="completed", next_run=None, updated_at_ms=now_ms)
+                continue
+            self._write_run(job_id, job_row.partition, nxt)
+            self.tables.jobs[job_id] = replace(current, next_run=nxt, updated_at_ms=now_ms)
+            run_id = run_id_for(job_id, nxt.run_at_ms, 0)
+            planned.append((run_id, nxt.due_ms, job_id, nxt.run_at_ms, job_row.partition, 0, 1))
+        return planned
+
+    def _move_watermark(self, partition: int, through_ms: int, fence: int) -> None:
+        # IF fence <= f AND fired_through_ms < through: refused for a leader
+        # older than the partition's fence, and never backwards.
+        mark = self.tables.marks.get(partition)
+        if mark is not None and mark.fence <= fence and mark.fired_through_ms < through_ms:
+            self.tables.marks[partition] = WatermarkRow(through_ms, fence)
+
+    # -- the worker's side ----------------------------------------------------
+
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
+        with self._op("run_started"):
+            row = self._run_for(record)
+            if row.state == "cancelled":
+                return False
+            self._put_run(
+                record,
+                replace(row, state="running", started_at_ms=now_ms, worker=worker, attempt=record.attempt, error=None),
+            )
+            return True
+
+    def run_finished(
+        self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
+    ) -> None:
+        with self._op("run_finished"):
+            row = self._run_for(record)
+            self._put_run(record, replace(row, state=state, ended_at_ms=now_ms, error=error, result=result))
+
+    def _run_for(self, record: DispatchRecord) -> RunRow:
+        """The run's row, or the one an update would create on Cassandra (a
+        pruned run written to again comes back)."""
+        row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
+        if row is not None:
+            return row
+        return RunRow(
+            record.job_id,
+            record.run_at_ms,
+            record.attempt_group,
+            record.run_id,
+            record.due_ms,
+            record.partition,
+            "scheduled",
+        )
+
+    def _put_run(self, record: DispatchRecord, row: RunRow) -> None:
+        self.tables.upsert_run(record.job_id, (record.run_at_ms, record.attempt_group), row)
+
+    # -- retention ------------------------------------------------------------
+
+    def prune_history(
+        self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
+    ) -> int:
+        wanted = set(partitions)
+        deleted = 0
+        with self._op("prune_history"):
+            if not wanted or limit <= 0:
+                return 0
+            for job_id in sorted(j for j, row in self.tables.jobs.items() if row.partition in wanted):
+                runs = _newest_first(self.tables.runs.get(job_id, {}))
+                chosen = _prunable(runs, finished_before_ms, keep_per_job, limit - deleted)
+                for i in sorted(chosen):
+                    row = runs[i]
+                    del self.tables.runs[job_id][(row.run_at_ms, row.attempt_group)]
+                    if self.tables.claims is not None:
+                        self.tables.claims.forget([idempotency_key(job_id, row.run_at_ms, row.attempt_group)])
+                deleted += len(chosen)
+                if deleted >= limit:
+                    break
+        return deleted
+
+    # -- helpers --------------------------------------------------------------
+
+    def _row(self, job_id: str) -> JobRow:
+        row = self.tables.jobs.get(job_id)
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return row
+
+    @staticmethod
+    def _record(row: JobRow) -> JobRecord:
+        nxt = row.next_run if row.state == "active" else None
+        return JobRecord(row.job, row.state, row.partition, row.jitter_ms, row.created_at_ms, nxt)
+
+    def _not_before_now(self, run: PlannedRun | None) -> PlannedRun | None:
+        """A run registered for a time already past fires now (the store's
+        clock, as the Cassandra store's): a due time behind the watermark
+        would never be read again."""
+        now = self.tables.clock.now_ms()
+        if run is None or run.due_ms >= now:
+            return run
+        return PlannedRun(run.run_at_ms, now)
+
+    def _write_run(self, job_id: str, partition: int, run: PlannedRun) -> None:
+        # Cassandra's INSERT: the listed columns are overwritten, the others
+        # (a revived cancelled run's dispatch time, say) stay.
+        run_id = run_id_for(job_id, run.run_at_ms, 0)
+        key = (run.run_at_ms, 0)
+        old = self.tables.runs.get(job_id, {}).get(key)
+        new = RunRow(job_id, run.run_at_ms, 0, run_id, run.due_ms, partition, "scheduled")
+        if old is not None:
+            new = replace(old, run_id=run_id, due_ms=run.due_ms, partition=partition, state="scheduled", attempt=0)
+        self.tables.upsert_run(job_id, key, new)
+        self.tables.put_schedule(ScheduleRow(partition, run.due_ms, run_id, job_id, run.run_at_ms, 0))
+
+    def _drop_pending(self, job_id: str, partition: int, run: PlannedRun, now_ms: int) -> None:
+        self.tables.delete_schedule(partition, run.due_ms, run_id_for(job_id, run.run_at_ms, 0))
+        key = (run.run_at_ms, 0)
+        row = self.tables.runs.get(job_id, {}).get(key)
+        if row is None:
+            row = RunRow(job_id, run.run_at_ms, 0, run_id_for(job_id, run.run_at_ms, 0), run.due_ms, partition, "")
+        self.tables.upsert_run(job_id, key, replace(row, state="cancelled", ended_at_ms=now_ms))
+
+
+def _newest_first(runs: Mapping[RunKey, RunRow]) -> list[RunRow]:
+    """Cassandra's clustering order: run_at descending, attempt group ascending."""
+    return [runs[k] for k in sorted(runs, key=lambda k: (-k[0], k[1]))]
+
+
+def _run_record(row: RunRow) -> RunRecord | None:
+    state = row.state
+    if state == "scheduled":
+        if row.dispatched_at_ms is None:
+            return None  # still waiting: not history yet
+        state = "dispatched"
+    return RunRecord(
+        row.run_id,
+        row.job_id,
+        row.run_at_ms,
+        row.due_ms,
+        state,
+        row.attempt,
+        row.fence,
+        row.dispatched_at_ms,
+        row.started_at_ms,
+        row.ended_at_ms,
+        row.worker,
+        row.error,
+        row.result,
+    )
+
+
+def _prunable(runs: Sequence[RunRow], finished_before_ms: int | None, keep: int | None, limit: int) -> set[int]:
+    """Of one job's runs, newest first, the positions of at most ``limit``
+    that go, oldest first: the Cassandra store's ``prunable``."""
+    out: list[int] = []
+    newer = 0
+    for i, row in enumerate(runs):
+        if row.state not in _FINISHED:
+            continue
+        newer += 1
+        ended = row.run_at_ms if row.ended_at_ms is None else row.ended_at_ms
+        if newer > 1 and (
+            (keep is not None and newer > keep) or (finished_before_ms is not None and ended < finished_before_ms)
+        ):
+            out.append(i)
+    return set(out[-limit:]) if limit > 0 else set()
