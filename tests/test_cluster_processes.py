@@ -109,7 +109,7 @@ class Cluster:
     def leaders(self) -> dict[int, Any]:
         from pysched.coord.etcd import EtcdCoordinator
 
-        coordinator = EtcdCoordinator(self.config)
+        coordinator = EtcdCoordinator(self.config, partitions=self.config.partitions or 64)
         try:
             return coordinator.leaders()
         finally:

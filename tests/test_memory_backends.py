@@ -268,7 +268,7 @@ def test_a_hand_back_adds_a_second_schedule_row_and_bumps_the_partition() -> Non
     cluster = open_memory(4, clock)
     node = cluster.node()
     node.store.add_job(once_job("o", T0 + 100), 2, 0, PlannedRun(T0 + 100, T0 + 100), T0)
-    ((run_id, due_ms, job_id, run_at, partition, group, attempt),) = node.store.due_runs({2: 1}, T0 + 60_000, T0)
+    ((run_id, job_id, run_at, due_ms, partition, attempt, group),) = node.store.due_runs({2: 1}, T0 + 60_000, T0)
     rec = DispatchRecord(run_id, job_id, run_at, due_ms, partition, attempt, group, 1, T0 + 100)
     versions = node.store.change_versions()
     assert node.store.hand_back(rec, T0 + 500)

@@ -17,7 +17,7 @@ from pysched.dispatch.inprocess import InProcessConsumer, InProcessDispatcher
 from pysched.model import Job
 from pysched.node import Backends, open_embedded
 from pysched.planning import next_run
-from pysched.protocols import Claim, ClaimOutcome, Delivery, IdempotencyClaims, dispatch_row
+from pysched.protocols import Claim, ClaimOutcome, Delivery, IdempotencyClaims
 from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.targets import RunContext
@@ -150,10 +150,10 @@ def _dispatched(backends: Backends, jobs: list[Job]) -> list[bytes]:
     for job in jobs:
         register(backends.store, job, now)
     fences = backends.coordinator.poll("leader", now)
-    rows = [dispatch_row(r) for r in backends.store.due_runs(fences, now + 60_000, now)]
+    rows = backends.store.due_runs(fences, now + 60_000, now)
     backends.store.finish_dispatch(rows, fences, {}, now, next_run)
-    rows.sort(key=lambda row: [j.id for j in jobs].index(row[1]))
-    return [native.encode_batch([row], fences[row[4]], now)[0] for row in rows]
+    rows.sort(key=lambda row: [j.id for j in jobs].index(row.job_id))
+    return [native.encode_batch([row], fences[row.partition], now)[0] for row in rows]
 
 
 def _shell_job(job_id: str, command: str) -> Job:

@@ -92,11 +92,11 @@ class MemoryClaims:
             )
             return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor)
 
-    def heartbeat(self, keys: Sequence[str], holder: str, now_ms: int, lease_ms: int) -> int:
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
         t = self.tables
         extended = 0
         with self._op("heartbeat"):
-            for key in keys:
+            for key, holder in zip(keys, holders, strict=True):
                 row = t.rows.get(key)
                 # Like the cluster's conditional update: a lease already
                 # expired is still extended while nobody has taken over.

@@ -32,8 +32,6 @@ from pysched.memory.faults import FaultHook, Guard
 from pysched.model import Job
 from pysched.protocols import (
     SETTLE_MS,
-    DispatchRow,
-    DueRow,
     Fences,
     JobExists,
     JobNotActive,
@@ -42,6 +40,7 @@ from pysched.protocols import (
     PlannedRun,
     PlanNext,
     Registration,
+    Run,
     RunRecord,
     is_near,
 )
@@ -188,6 +187,7 @@ class MemoryScheduleStore:
 
     def __init__(self, tables: ScheduleTables, faults: FaultHook | None = None) -> None:
         self.tables = tables
+        self.partitions = len(tables.marks)  # fixed when the tables were made
         self._op = Guard(ROLE, faults, tables.lock)
         # The watermarks this client last read or moved: it moves one only
         # a WATERMARK_STEP_MS past that, as the Cassandra client does.
@@ -320,26 +320,26 @@ class MemoryScheduleStore:
 
     # -- the leader's side ----------------------------------------------------
 
-    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[DueRow]:
+    def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[Run]:
         with self._op("due_runs"):
             if not fences:
                 return []
             marks = {p: m.fired_through_ms for p, m in self.tables.marks.items()}
             self._wm_cache.update(marks)
-            rows: dict[int, DueRow] = {}
+            rows: dict[int, Run] = {}
             for p in fences:
                 start = marks.get(p, now_ms - SETTLE_MS)
                 for r in self.tables.read_schedule(p, start, horizon_ms):
                     # A run handed back has a second row: it is due once, at
                     # the earlier.
                     known = rows.get(r.run_id)
-                    if known is None or r.due_ms < known[1]:
-                        rows[r.run_id] = (r.run_id, r.due_ms, r.job_id, r.run_at_ms, p, r.attempt_group, 1)
-            return sorted(rows.values(), key=lambda r: (r[1], r[0]))
+                    if known is None or r.due_ms < known.due_ms:
+                        rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, 1, r.attempt_group)
+            return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
     def finish_dispatch(
-        self, rows: Sequence[DispatchRow], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
-    ) -> list[DueRow]:
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+    ) -> list[Run]:
         with self._op("finish_dispatch"):
             for _, job_id, run_at_ms, due_ms, partition, _, group in rows:
                 self._mark_dispatched(job_id, run_at_ms, group, due_ms, partition, fences[partition], now_ms)
@@ -361,11 +361,11 @@ class MemoryScheduleStore:
             row = RunRow(job_id, run_at_ms, group, run_id_for(job_id, run_at_ms, group), due_ms, partition, "scheduled")
         self.tables.upsert_run(job_id, key, replace(row, fence=fence, dispatched_at_ms=now_ms))
 
-    def _plan(self, rows: Sequence[DispatchRow], now_ms: int, plan_next: PlanNext) -> list[DueRow]:
+    def _plan(self, rows: Sequence[Run], now_ms: int, plan_next: PlanNext) -> list[Run]:
         # The job rows as read before planning, as the Cassandra store does.
-        jobs = {r[1]: self.tables.jobs[r[1]] for r in rows if r[1] in self.tables.jobs}
-        planned: list[DueRow] = []
-        for _, job_id, run_at_ms, _, _, _, _ in rows:
+        jobs = {r.job_id: self.tables.jobs[r.job_id] for r in rows if r.job_id in self.tables.jobs}
+        planned: list[Run] = []
+        for _, job_id, run_at_ms, *_ in rows:
             job_row = jobs.get(job_id)
             if job_row is None or job_row.state != "active":
                 continue
@@ -379,7 +379,7 @@ class MemoryScheduleStore:
             self._write_run(job_id, job_row.partition, nxt)
             self.tables.jobs[job_id] = replace(current, next_run=nxt, updated_at_ms=now_ms)
             run_id = run_id_for(job_id, nxt.run_at_ms, 0)
-            planned.append((run_id, nxt.due_ms, job_id, nxt.run_at_ms, job_row.partition, 0, 1))
+            planned.append(Run(run_id, job_id, nxt.run_at_ms, nxt.due_ms, job_row.partition, 1, 0))
         return planned
 
     def _move_watermark(self, partition: int, through_ms: int, fence: int) -> None:
