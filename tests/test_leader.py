@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from pysched import native
 from pysched.clock import ManualClock
-from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
+from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
 from pysched.model import Job
 from pysched.node import open_embedded
 from pysched.planning import next_run
@@ -28,18 +27,9 @@ from pysched.worker import WorkerPool
 T0 = 1_800_000_000_000  # on a whole minute
 
 
-class StoppingClock(ManualClock):
-    """Simulated time that ends the run at ``end_ms`` (test hook)."""
-
-    def __init__(self, start_ms: int, end_ms: int, stop: threading.Event) -> None:
-        super().__init__(start_ms)
-        self.end_ms = end_ms
-        self.stop = stop
-
-    def sleep(self, seconds: float) -> None:
-        super().sleep(seconds)
-        if self.now_ms() >= self.end_ms:
-            self.stop.set()
+def drive(leader: PartitionLeader, end_ms: int) -> None:
+    """Run the leader's parts on this thread until ``end_ms`` on its clock."""
+    SyncDriver(leader).run_until(end_ms)
 
 
 def job(spec: dict[str, object]) -> Job:
@@ -50,13 +40,12 @@ def run_leader(tmp_path: Path, jobs: list[Job], end_ms: int, config: LeaderConfi
     backends = open_embedded(tmp_path / "leader.db")
     for j in jobs:
         register(backends.store, j, T0)
-    stop = threading.Event()
-    clock = StoppingClock(T0, end_ms, stop)
+    clock = ManualClock(T0)
     events: list[RunDispatched] = []
     leader = PartitionLeader(
         backends.store, backends.coordinator, backends.dispatcher, clock, "node-a", config, events.append
     )
-    leader.run(stop)
+    drive(leader, end_ms)
     return events
 
 
@@ -67,7 +56,7 @@ def test_a_simulated_ten_minutes_fires_every_run_once_on_time(tmp_path: Path) ->
         job({"id": "once", "schedule": {"kind": "once", "run_at_ms": T0 + 95_005}}),
     ]
     # Reload every second with a 60 s horizon: each run is loaded ~60 times.
-    config = LeaderConfig(reload_every_ms=1_000, tick_ms=10, threads=False)
+    config = LeaderConfig(reload_every_ms=1_000, tick_ms=10)
     end = T0 + 600_005
     events = run_leader(tmp_path, jobs, end, config)
     offset = native.jitter_offset("minutely", 60_000)
@@ -86,19 +75,19 @@ def test_a_simulated_ten_minutes_fires_every_run_once_on_time(tmp_path: Path) ->
 def test_a_run_missed_while_down_fires_once_then_the_schedule_resumes(tmp_path: Path) -> None:
     backends = open_embedded(tmp_path / "leader.db")
     register(backends.store, job({"id": "m", "schedule": {"kind": "cron", "expr": "* * * * *"}, "critical": True}), T0)
-    stop = threading.Event()
     # The node comes up 10 minutes after the job's first run was due.
-    clock = StoppingClock(T0 + 10 * 60_000 + 30_000, T0 + 13 * 60_000 + 30_000, stop)
+    clock = ManualClock(T0 + 10 * 60_000 + 30_000)
     events: list[RunDispatched] = []
-    PartitionLeader(
+    leader = PartitionLeader(
         backends.store,
         backends.coordinator,
         backends.dispatcher,
         clock,
         "n",
-        LeaderConfig(threads=False),
+        LeaderConfig(),
         events.append,
-    ).run(stop)
+    )
+    drive(leader, T0 + 13 * 60_000 + 30_000)
     assert [e.run_at_ms for e in events] == [T0 + 60_000, T0 + 11 * 60_000, T0 + 12 * 60_000, T0 + 13 * 60_000]
 
 
@@ -151,17 +140,17 @@ def test_a_trailing_watermark_resends_nothing(tmp_path: Path) -> None:
     backends = open_embedded(tmp_path / "leader.db")
     register(backends.store, job({"id": "once", "schedule": {"kind": "once", "run_at_ms": T0 + 5_000}}), T0)
     register(backends.store, job({"id": "m", "schedule": {"kind": "cron", "expr": "* * * * *"}, "critical": True}), T0)
-    stop = threading.Event()
     events: list[RunDispatched] = []
-    PartitionLeader(
+    leader = PartitionLeader(
         TrailingStore(backends.store),  # type: ignore[arg-type]
         backends.coordinator,
         backends.dispatcher,
-        StoppingClock(T0, T0 + 6 * 60_000, stop),
+        ManualClock(T0),
         "n",
-        LeaderConfig(reload_every_ms=1_000, threads=False),
+        LeaderConfig(reload_every_ms=1_000),
         events.append,
-    ).run(stop)
+    )
+    drive(leader, T0 + 6 * 60_000)
     # Minutes after each run was sent, the store still returns it: it is
     # never sent again.
     assert [(e.job_id, e.run_at_ms) for e in events] == [("once", T0 + 5_000)] + [
@@ -175,7 +164,7 @@ def test_a_run_jittered_to_the_end_of_its_minute_misses_no_later_run(tmp_path: P
     # taken for missed.
     late = job({"id": "late-3668", "schedule": {"kind": "cron", "expr": "* * * * *"}, "jitter_window_s": 60})
     assert native.jitter_offset(late.id, 60_000) == 59_993
-    events = run_leader(tmp_path, [late], T0 + 6 * 60_000 + 1_000, LeaderConfig(threads=False))
+    events = run_leader(tmp_path, [late], T0 + 6 * 60_000 + 1_000, LeaderConfig())
     assert [e.run_at_ms for e in events] == [T0 + k * 60_000 for k in range(1, 6)]
     assert {e.dispatched_at_ms - e.due_ms for e in events} <= set(range(10))
 
@@ -215,18 +204,18 @@ def test_runs_overdue_through_an_outage_are_sent_once_after_it(tmp_path: Path) -
     backends = open_embedded(tmp_path / "leader.db")
     for k in range(3):
         register(backends.store, job({"id": f"o{k}", "schedule": {"kind": "once", "run_at_ms": T0 + 1_000 + k}}), T0)
-    stop = threading.Event()
-    clock = StoppingClock(T0, T0 + 30_000, stop)
+    clock = ManualClock(T0)
     events: list[RunDispatched] = []
-    PartitionLeader(
+    leader = PartitionLeader(
         backends.store,
         backends.coordinator,
         DownUntil(backends.dispatcher, clock, T0 + 20_000),  # type: ignore[arg-type]
         clock,
         "n",
-        LeaderConfig(reload_every_ms=1_000, threads=False),
+        LeaderConfig(reload_every_ms=1_000),
         events.append,
-    ).run(stop)
+    )
+    drive(leader, T0 + 30_000)
     assert Counter(e.job_id for e in events) == {"o0": 1, "o1": 1, "o2": 1}
     assert backends.dispatcher.qsize() == 3
 
@@ -255,19 +244,19 @@ def test_a_leader_that_cannot_prove_its_lease_stops_dispatching_until_it_can(tmp
     # was unreachable, while others may have taken its partitions.
     backends = open_embedded(tmp_path / "leader.db")
     register(backends.store, job({"id": "s", "schedule": {"kind": "cron", "expr": "* * * * * *"}}), T0)
-    stop = threading.Event()
-    clock = StoppingClock(T0, T0 + 60_000, stop)
+    clock = ManualClock(T0)
     coordinator = UnreachableBetween(backends.coordinator, clock, T0 + 10_000, T0 + 40_000)
     events: list[RunDispatched] = []
-    PartitionLeader(
+    leader = PartitionLeader(
         backends.store,
         coordinator,  # type: ignore[arg-type]
         backends.dispatcher,
         clock,
         "n",
-        LeaderConfig(threads=False),
+        LeaderConfig(),
         events.append,
-    ).run(stop)
+    )
+    drive(leader, T0 + 60_000)
     # The last answer came from a poll begun before T0 + 10 s.
     valid_until = T0 + 10_000 + backends.coordinator.answer_valid_ms
     sent_at = [e.dispatched_at_ms for e in events]

@@ -4,13 +4,12 @@ and rebalance semantics, etcd's lease expiry and fences, the fault hook."""
 from __future__ import annotations
 
 import random
-import threading
 from collections import Counter
 
 import pytest
 
 from pysched.clock import ManualClock
-from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
+from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
 from pysched.memory import open_memory
 from pysched.memory.claims import MemoryClaims
 from pysched.memory.coordinator import Election, MemoryCoordinator
@@ -22,7 +21,7 @@ from pysched.protocols import NEAR_MS, ClaimOutcome, PlannedRun
 from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.worker import WorkerPool
-from tests.test_leader import StoppingClock, job
+from tests.test_leader import job
 
 T0 = 1_700_000_040_000
 
@@ -292,17 +291,17 @@ def test_a_holder_claiming_its_own_live_claim_again_takes_it_over() -> None:
 
 
 def test_the_leader_and_a_worker_run_every_run_once_on_the_memory_engine() -> None:
-    stop = threading.Event()
     end = T0 + 180_005
-    clock = StoppingClock(T0, end, stop)
+    clock = ManualClock(T0)
     cluster = open_memory(64, clock)
     node = cluster.node()
     every_10s = {"id": "every-10s", "schedule": {"kind": "cron", "expr": "*/10 * * * * *"}, "critical": True}
     register(node.store, job(every_10s), T0)
     register(node.store, job({"id": "once", "schedule": {"kind": "once", "run_at_ms": T0 + 95_005}}), T0)
     events: list[RunDispatched] = []
-    config = LeaderConfig(reload_every_ms=1_000, threads=False)
-    PartitionLeader(node.store, node.coordinator, node.dispatcher, clock, "a", config, events.append).run(stop)
+    config = LeaderConfig(reload_every_ms=1_000)
+    leader = PartitionLeader(node.store, node.coordinator, node.dispatcher, clock, "a", config, events.append)
+    SyncDriver(leader).run_until(end)
     assert Counter(e.job_id for e in events) == {"every-10s": 18, "once": 1}
     assert all(0 <= e.dispatched_at_ms - e.due_ms < config.tick_ms for e in events)
     # Every record reached the broker once; a worker runs each once.

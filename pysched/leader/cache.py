@@ -1,0 +1,136 @@
+"""The wheel and what it holds: a cache of the store's runs for the
+partitions led, touched by the tick alone.
+
+A reload that overlaps fires nothing twice, a run that left the store
+(cancelled, rescheduled) leaves the wheel, and a run planned after a read
+began is not taken for cancelled by that read."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+
+from pysched import native
+from pysched.leader.loading import Loaded
+from pysched.protocols import SETTLE_MS, Run
+
+_UNSENT = (-1, -1)
+
+
+class RunCache:
+    def __init__(self, start_ms: int) -> None:
+        self._wheel = native.TimingWheel(start_ms)
+        # run_id -> the run, for the runs in the wheel: kept in the shape the
+        # codec takes, so a burst converts nothing when it fires.
+        self._pending: dict[int, Run] = {}
+        # Runs handed on that the store may still return: a reload that finds
+        # one again at the same attempt (its watermark trails, its record is
+        # still being written) must not resend it; at a later attempt (its
+        # worker's lease died, a new fence) it is a new delivery.
+        self._sent: dict[int, tuple[int, int]] = {}  # run_id -> (attempt, partition)
+        # Runs due but not yet handed on (overdue when loaded, or a failed
+        # publish), by run id: a reload during an outage finds them again and
+        # must not queue a second copy.
+        self._overdue: dict[int, Run] = {}
+        # Runs the recorder planned, by the number of the hand-over that
+        # brought them: a load that began before they existed must not take
+        # their absence from it for a cancellation.
+        self.generation = 0
+        self._born: dict[int, int] = {}
+        # Per partition led under its current fence, when the last read of it
+        # that reached the wheel began: every run of the partition the store
+        # held then, due by then, has been sent once the ticks pass it. A
+        # watermark moves no further (less SETTLE_MS), and not at all for a
+        # partition not yet read: its predecessor's unsent runs lie there.
+        self._read_at: dict[int, int] = {}
+
+    @property
+    def has_overdue(self) -> bool:
+        return bool(self._overdue)
+
+    def apply(self, loaded: Loaded, fences: dict[int, int]) -> None:
+        """Put a read in the wheel; ``fences`` are those led now."""
+        # Partitions lost (or led again under a new fence) since the read
+        # are not this load's to touch.
+        current = {p: f for p, f in loaded.fences.items() if fences.get(p) == f}
+        rows = [row for row in loaded.rows if row.partition in current]
+        fresh = {row.run_id for row in rows}
+        # Runs that left the store (cancelled, rescheduled) leave the wheel;
+        # runs planned after the read began are not in it and stay.
+        gone = [
+            r
+            for r, row in self._pending.items()
+            if row.partition in current and r not in fresh and self._born.get(r, -1) <= loaded.generation
+        ]
+        for run_id in gone:
+            self._wheel.cancel(run_id)
+            del self._pending[run_id]
+        self._add([row for row in rows if self._sent.get(row.run_id, _UNSENT)[0] != row.attempt], loaded.horizon)
+        for p in current:
+            self._read_at[p] = max(self._read_at.get(p, loaded.read_at), loaded.read_at)
+        if loaded.idle:
+            # Forget a sent run only once the store no longer returns it, not
+            # after a while: a watermark held back by a slow store would
+            # otherwise bring back, and resend, everything sent since.
+            read = {row.run_id for row in loaded.rows}
+            self._sent = {r: s for r, s in self._sent.items() if r in read or s[1] not in loaded.fences}
+            self._born = {r: g for r, g in self._born.items() if r in self._pending}
+
+    def add_planned(self, planned: list[Run], fences: dict[int, int], horizon: int) -> None:
+        """The next runs the recorder planned, those due within ``horizon``."""
+        self.generation += 1
+        # Planned by a batch sent before a partition was lost: its new
+        # leader reads them from the store.
+        near = [row for row in planned if row.due_ms < horizon and row.partition in fences]
+        self._born.update(dict.fromkeys([row.run_id for row in near], self.generation))
+        self._add(near, horizon)
+
+    def take_due(self, now: int, fences: dict[int, int], with_overdue: bool) -> list[Run]:
+        """The runs due by ``now`` of the partitions led, once each, taken out
+        of the cache; the overdue ones too when ``with_overdue`` (or when any
+        run is due: they go in the same batch)."""
+        due: np.ndarray = self._wheel.advance(now)
+        if not len(due) and not with_overdue:
+            return []
+        batch = self._overdue
+        self._overdue = {}
+        for run_id in due.tolist():
+            row = self._pending.pop(run_id, None)
+            if row is not None:
+                batch[run_id] = row
+        return [row for row in batch.values() if row.partition in fences]
+
+    def put_back(self, rows: list[Run]) -> None:
+        """Runs whose publish failed: first in the next batch."""
+        self._overdue = {row.run_id: row for row in rows} | self._overdue
+
+    def sent(self, rows: list[Run]) -> None:
+        self._sent.update((row.run_id, (row.attempt, row.partition)) for row in rows)
+
+    def forget(self, partitions: Collection[int]) -> None:
+        """Partitions lost or led under a new fence: what was read and sent
+        under the old fence counts for nothing under the new one (those sends
+        met, or will meet, the workers' fence check)."""
+        for p in partitions:
+            self._read_at.pop(p, None)
+        self._sent = {r: s for r, s in self._sent.items() if s[1] not in partitions}
+        for run_id in [r for r, row in self._pending.items() if row.partition in partitions]:
+            self._wheel.cancel(run_id)
+            del self._pending[run_id]
+        self._overdue = {r: row for r, row in self._overdue.items() if row.partition not in partitions}
+
+    def marks(self, fences: dict[int, int], now: int) -> dict[int, int]:
+        """How far each partition's watermark may move once what was sent by
+        ``now`` is recorded (asked after the runs due by ``now`` were handed
+        on)."""
+        return {p: min(now, self._read_at[p]) - SETTLE_MS for p in fences if p in self._read_at}
+
+    def _add(self, rows: list[Run], horizon: int) -> None:
+        self._pending.update((row.run_id, row) for row in rows)
+        handles, due = native.load_page(rows, horizon)
+        expired = self._wheel.insert_batch(handles, due)
+        for run_id in expired.tolist():
+            row = self._pending.pop(run_id, None)
+            if row is not None:  # a run the store returned twice expires once
+                self._overdue[run_id] = row

@@ -1,0 +1,47 @@
+"""What a partition leader is told, and what it tells observers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pysched.protocols import NEAR_MS
+
+
+@dataclass(frozen=True)
+class LeaderConfig:
+    horizon_ms: int = 60_000
+    reload_every_ms: int = 30_000
+    tick_ms: int = 10
+    change_poll_ms: int = 100
+    coordinate_every_ms: int = 1_000
+    # How often quiet partitions' watermarks are moved up to now: what a new
+    # leader may send again after a failover.
+    watermark_every_ms: int = 5_000
+    standby_poll_ms: int = 500
+    retry_backoff_ms: tuple[int, ...] = (100, 200, 500, 1_000, 2_000, 5_000)
+
+    def __post_init__(self) -> None:
+        # Registrations due later than NEAR_MS send no change notice: the
+        # periodic reload must come round before they are due.
+        if self.reload_every_ms >= NEAR_MS or self.horizon_ms < NEAR_MS:
+            raise ValueError(
+                f"reload_every_ms must be under {NEAR_MS} and horizon_ms at least {NEAR_MS}:"
+                " runs registered further ahead are found by the periodic reload alone"
+            )
+
+    def backoff_ms(self, failures: int) -> int:
+        """The wait after ``failures`` consecutive failed attempts (>= 1)."""
+        return self.retry_backoff_ms[min(failures - 1, len(self.retry_backoff_ms) - 1)]
+
+
+@dataclass(frozen=True)
+class RunDispatched:
+    """Past-tense event for observers (the CLI logs it; tests count it)."""
+
+    job_id: str
+    run_id: int
+    run_at_ms: int
+    due_ms: int
+    dispatched_at_ms: int
+    fence: int
+    attempt: int

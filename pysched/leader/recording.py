@@ -1,0 +1,130 @@
+"""Recording: telling the store what was handed on, so that the next runs
+get planned and the watermarks move.
+
+Off the tick thread in production: a burst's 50,000 store writes must not
+hold up the next fire. Batches are recorded in the order they were sent."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pysched.leader.config import LeaderConfig, RunDispatched
+from pysched.planning import next_run
+from pysched.protocols import Run, ScheduleStore
+
+log = logging.getLogger("pysched.leader")
+
+
+@dataclass(frozen=True)
+class SentBatch:
+    """Runs handed on at ``sent_at`` (none: a quiet mark), and how far each
+    partition's watermark may move once they are recorded."""
+
+    rows: list[Run]
+    fences: dict[int, int]
+    marks: dict[int, int]
+    sent_at: int
+
+
+class Recorder:
+    def __init__(
+        self,
+        store: ScheduleStore,
+        config: LeaderConfig,
+        on_dispatch: Callable[[RunDispatched], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.on_dispatch = on_dispatch
+        self._lock = threading.Lock()
+        self._batches: collections.deque[SentBatch] = collections.deque()
+        self._work = threading.Event()  # set when a batch is submitted
+        self._told = False  # whether observers heard of the first batch
+        self._failures = 0
+        self._retry_at = 0
+        # The runs each recorded batch planned, for the tick to load.
+        self.planned: collections.deque[list[Run]] = collections.deque()
+
+    def submit(self, batch: SentBatch) -> None:
+        with self._lock:
+            self._batches.append(batch)
+        self._work.set()
+
+    def wait_for_work(self, timeout_s: float) -> None:
+        """Block until a batch is submitted or ``timeout_s`` passed (the
+        production thread, between steps that recorded nothing)."""
+        self._work.wait(timeout_s)
+        self._work.clear()
+
+    @property
+    def busy(self) -> bool:
+        """Whether batches wait to be recorded."""
+        with self._lock:
+            return bool(self._batches)
+
+    @property
+    def failures(self) -> int:
+        return self._failures
+
+    def step(self, now: int) -> bool:
+        """One attempt at recording the oldest batch; whether it was
+        recorded. A failure is tried again after a backoff, for as long as it
+        takes: the runs are out, and giving up would leave their jobs
+        unplanned."""
+        with self._lock:
+            batch = self._batches[0] if self._batches else None
+        if batch is None or now < self._retry_at:
+            return False
+        if not self._told:
+            # Observers hear of a batch here, not on the tick thread: a log
+            # line per run of a 25,000-run burst would delay the next.
+            self._tell(batch)
+            self._told = True
+        try:
+            planned = self.store.finish_dispatch(batch.rows, batch.fences, batch.marks, batch.sent_at, next_run)
+        except Exception as exc:
+            self._failures += 1
+            delay = self.config.backoff_ms(self._failures)
+            self._retry_at = now + delay
+            log.warning(
+                "recording %d sent runs failed (%s: %s); retrying in %d ms",
+                len(batch.rows),
+                type(exc).__name__,
+                exc,
+                delay,
+            )
+            return False
+        self._failures = 0
+        self._told = False
+        with self._lock:
+            self._batches.popleft()
+        self.planned.append(planned)
+        return True
+
+    def drop(self) -> int:
+        """Give up what is left (stopping, the store unreachable): a
+        successor sends those runs again. How many batches were dropped."""
+        with self._lock:
+            dropped = len(self._batches)
+            self._batches.clear()
+        return dropped
+
+    def _tell(self, batch: SentBatch) -> None:
+        if self.on_dispatch is None:
+            return
+        for row in batch.rows:
+            self.on_dispatch(
+                RunDispatched(
+                    row.job_id,
+                    row.run_id,
+                    row.run_at_ms,
+                    row.due_ms,
+                    batch.sent_at,
+                    batch.fences[row.partition],
+                    row.attempt,
+                )
+            )
