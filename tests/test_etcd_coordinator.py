@@ -3,6 +3,7 @@ fence fails half-way through a poll."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -36,6 +37,32 @@ def test_a_partition_whose_fence_failed_to_publish_is_led_after_the_next_poll(
         # Each fence is published before it is used, the failed one again.
         assert sorted(published) == sorted(led.items())
         assert {p: lease.fence for p, lease in coordinator.leaders().items()} == led
+    finally:
+        coordinator.release("node-1")
+        coordinator.close()
+
+
+def test_a_failed_poll_keeps_the_lease_it_had(services: dict[str, Any], keyspace: str) -> None:
+    # A failed poll threw the lease away: the next poll took a new one, the
+    # partitions won under the old one vanished with it a TTL later and were
+    # won again under new fences (every run of the window sent again).
+    failures = {"left": 1}
+
+    def publish(partition: int, fence: int) -> None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise TimeoutError("publishing the fence timed out")
+
+    config = cluster_config_for(services, keyspace, partitions=4, kafka_partitions=2, lease_ttl_s=2)
+    coordinator = EtcdCoordinator(config, partitions=4, publish_fence=publish)
+    try:
+        with pytest.raises(TimeoutError):
+            coordinator.poll("node-1", 0)
+        led = coordinator.poll("node-1", 0)
+        deadline = time.monotonic() + 3 * config.lease_ttl_s
+        while time.monotonic() < deadline:  # past the TTL of a lease left behind
+            assert coordinator.poll("node-1", 0) == led
+            time.sleep(0.2)
     finally:
         coordinator.release("node-1")
         coordinator.close()

@@ -76,15 +76,12 @@ class EtcdCoordinator:
     # -- the Coordinator protocol --------------------------------------------
 
     def poll(self, holder: str, now_ms: int) -> dict[int, int]:
-        try:
-            return self._call(self._poll(holder))
-        except Exception:
-            # Unsure whether the lease lives: lead nothing until it is proven.
-            owned = self._owned.pop(holder, {})
-            if owned:
-                log.warning("etcd at %s unreachable: giving up %d partitions", self.endpoint, len(owned))
-            self._leases.pop(holder, None)
-            raise
+        # A failed poll keeps the lease and what it won: the lease may well
+        # live (the next poll refreshes it, or finds it expired and starts
+        # over), and a new one would orphan the partitions won under it until
+        # its TTL ran out, then win them again under new fences. Whether to
+        # go on leading meanwhile is the leader's call (answer_valid_ms).
+        return self._call(self._poll(holder))
 
     def release(self, holder: str) -> None:
         self._call(self._release(holder))
