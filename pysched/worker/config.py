@@ -1,0 +1,35 @@
+"""How a node's workers behave: their number, leases and waits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    concurrency: int = 4
+    lease_ms: int = 30_000
+    heartbeat_ms: int = 10_000
+    # How long a consumer thread with nothing to do waits in the consumer
+    # for the next delivery: a stop is noticed within it.
+    poll_s: float = 0.2
+    supervise_s: float = 1.0
+    # A failed handling is tried again after a full-jitter backoff that
+    # doubles from retry_base_s up to retry_max_s.
+    retry_base_s: float = 0.2
+    retry_max_s: float = 10.0
+    # A run held elsewhere under a live lease is looked at again after this
+    # long (or the lease, if shorter): it may have ended, or its lease died.
+    busy_wait_ms: int = 5_000
+
+    def retry_cap_ms(self, failures: int) -> int:
+        """The longest backoff before the retry that follows ``failures``
+        failed attempts (from 1)."""
+        # The exponent is capped: a float overflows past 2**1023, which a
+        # store down for an hour or two would otherwise reach.
+        doubling = 2.0 ** min(max(failures - 1, 0), 64)
+        return round(min(self.retry_max_s, self.retry_base_s * doubling) * 1000)
+
+    def busy_recheck_ms(self) -> int:
+        """How long a run held elsewhere is left before it is looked at again."""
+        return min(self.lease_ms, self.busy_wait_ms)

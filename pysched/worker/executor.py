@@ -1,0 +1,217 @@
+"""What a worker does with a run, against the claims and the store: claim it,
+run its target, record how it ended. Shared by a node's delivery workers,
+whatever drives them (threads, or a simulator's steps).
+
+Each execution of a delivery claims its run under a holder of its own, the
+node's holder and a number: two workers of one node are two executions, and
+one never takes over a run the other has in flight. The executor keeps the
+claims of its executions still running, which ``heartbeat_step`` extends;
+an execution that ends without recording an outcome leaves its claim to run
+out, and the run is handed on again.
+
+The calls take a batch of executions, each carrying how far it got: an
+attempt that failed halfway is repeated whole, and an execution whose run
+has ended only records it, never runs again. Today the batches are of one;
+the store and claims calls inside are where a batch becomes one write.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pysched.clock import Clock
+from pysched.protocols import Claim, ClaimOutcome, IdempotencyClaims, JobNotFound, ScheduleStore
+from pysched.records import DispatchRecord
+from pysched.targets import context_for, run_target
+from pysched.worker.config import WorkerConfig
+
+log = logging.getLogger("pysched.worker")
+
+_RUN = (ClaimOutcome.CLAIMED, ClaimOutcome.TAKEN_OVER)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a run ended, to record: ``state`` succeeded, failed or cancelled,
+    or None for a run replaced by a reschedule (its history row says so)."""
+
+    state: str | None
+    error: str | None
+    result: str | None
+    at_ms: int
+
+
+@dataclass(eq=False)
+class Execution:
+    """One execution of one delivery, through every attempt a failure costs
+    it: the holder of its claim, and how the run ended once it has."""
+
+    record: DispatchRecord
+    holder: str
+    ended: Ended | None = None
+
+
+class Executor:
+    def __init__(
+        self,
+        claims: IdempotencyClaims,
+        store: ScheduleStore,
+        clock: Clock,
+        holder: str,
+        config: WorkerConfig | None = None,
+    ) -> None:
+        self.claims = claims
+        self.store = store
+        self.clock = clock
+        self.holder = holder
+        self.config = config or WorkerConfig()
+        self.counts: Counter[str] = Counter()
+        # Set when the node stops now: no outcome is recorded from then on.
+        self.abandoned = threading.Event()
+        self._lock = threading.Lock()
+        self._serial = itertools.count(1)
+        # Execution holder -> the idempotency key it has claimed and runs.
+        self._running: dict[str, str] = {}
+
+    def count(self, what: str) -> None:
+        with self._lock:
+            self.counts[what] += 1
+
+    def new_execution(self, record: DispatchRecord) -> Execution:
+        """An execution of ``record`` whose claims holder is unique to it
+        within the node, as the node's holder is to the node."""
+        with self._lock:
+            serial = next(self._serial)
+        return Execution(record, f"{self.holder}/{serial}")
+
+    def end(self, executions: Sequence[Execution]) -> None:
+        """The executions are over: a claim one still holds (it ended without
+        recording an outcome) is no longer extended and runs out."""
+        with self._lock:
+            for execution in executions:
+                self._running.pop(execution.holder, None)
+
+    def running(self) -> int:
+        """How many executions hold a claim they extend."""
+        with self._lock:
+            return len(self._running)
+
+    def heartbeat_step(self, now_ms: int) -> int:
+        """Extend the leases of the claims of the executions running, in one
+        call; how many were extended. A failure is logged and left to the
+        next beat: a lease outlives several."""
+        with self._lock:
+            running = list(self._running.items())
+        if not running:
+            return 0
+        try:
+            return self.claims.heartbeat(
+                [key for _, key in running], [holder for holder, _ in running], now_ms, self.config.lease_ms
+            )
+        except Exception as exc:
+            log.warning("heartbeat failed, will retry: %s", exc)
+            return 0
+
+    def attempt(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:
+        """One attempt at each execution: claim, run and record, or, once its
+        run has ended in an earlier attempt, only record, since a run whose
+        outcome failed to record must not run again. Returns each claim's
+        outcome (CLAIMED for one that only recorded); BUSY means not yet
+        dealt with. Raises what a claims or store call raised: the attempt
+        is to be repeated, whole."""
+        outcomes = [ClaimOutcome.CLAIMED] * len(executions)
+        fresh = [i for i, e in enumerate(executions) if e.ended is None]
+        for i, outcome in zip(fresh, self._claim([executions[i] for i in fresh]), strict=True):
+            outcomes[i] = outcome
+        for i in fresh:
+            if outcomes[i] not in _RUN:
+                continue
+            execution = executions[i]
+            execution.ended = self._run(execution.record)
+            if self.abandoned.is_set():
+                record = execution.record
+                log.warning("left %s run_at=%d unfinished: the pool stopped now", record.job_id, record.run_at_ms)
+                return outcomes
+        self._record([e for e in executions if e.ended is not None])
+        return outcomes
+
+    def _claim(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:
+        """Take the runs' claims; each outcome is dealt with unless it says
+        to run it (or, BUSY, to look again later)."""
+        if not executions:
+            return []
+        now_ms = self.clock.now_ms()
+        lease_ms = self.config.lease_ms
+        claims = [self.claims.claim(e.record, e.holder, now_ms, lease_ms) for e in executions]
+        with self._lock:
+            for execution, claim in zip(executions, claims, strict=True):
+                self.counts[claim.outcome.value] += 1
+                if claim.outcome in _RUN:
+                    # Extended by the heartbeat until the execution ends.
+                    self._running[execution.holder] = execution.record.idempotency_key
+        for execution, claim in zip(executions, claims, strict=True):
+            if claim.outcome is ClaimOutcome.SUCCEEDED:
+                log.info("skipped %s: %s already succeeded", execution.record.job_id, execution.record.idempotency_key)
+            elif claim.outcome is ClaimOutcome.BUSY:
+                log.info("waiting on %s: it runs elsewhere under a live lease", execution.record.idempotency_key)
+        self._hand_back(
+            [(e.record, c) for e, c in zip(executions, claims, strict=True) if c.outcome is ClaimOutcome.FENCED]
+        )
+        return [claim.outcome for claim in claims]
+
+    def _hand_back(self, rejected: Sequence[tuple[DispatchRecord, Claim]]) -> None:
+        """Runs sent by a leader that has lost the partition, perhaps before
+        it lost it: each is still owed, to the new leader."""
+        for record, claim in rejected:
+            handed_back = self.store.hand_back(record, self.clock.now_ms())
+            log.warning(
+                "rejected %s run_at=%d: fence %d is below the partition's %d (a stale leader)%s",
+                record.job_id,
+                record.run_at_ms,
+                record.fence,
+                claim.fence_floor,
+                "; handed back to its leader" if handed_back else "",
+            )
+
+    def _run(self, record: DispatchRecord) -> Ended:
+        """Run the target, unless the run was cancelled or replaced after it
+        was handed on; what is to be recorded."""
+        try:
+            job_record = self.store.get_job(record.job_id)
+        except JobNotFound:
+            job_record = None
+        if job_record is None or job_record.state == "cancelled":
+            return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
+        if not self.store.run_started(record, self.holder, self.clock.now_ms()):
+            # Rescheduled after it was handed on: never runs, and its row
+            # belongs to the cancellation.
+            return Ended(None, None, None, self.clock.now_ms())
+        job = job_record.job
+        outcome = run_target(job, context_for(job, record))
+        return Ended("succeeded" if outcome.succeeded else "failed", outcome.error, outcome.result, self.clock.now_ms())
+
+    def _record(self, executions: Sequence[Execution]) -> None:
+        """Record each run's end in its history, then on its claim; both
+        writes are idempotent, so an attempt that failed halfway is simply
+        repeated."""
+        ended = [(e, e.ended) for e in executions if e.ended is not None]
+        for execution, end in ended:
+            if end.state is not None:
+                self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
+        for execution, end in ended:
+            succeeded = end.state != "failed"
+            self.claims.complete(execution.record.idempotency_key, execution.holder, succeeded, end.result, end.at_ms)
+        for execution, end in ended:
+            self.count(end.state if end.state in ("succeeded", "failed") else "cancelled")
+            job_id = execution.record.job_id
+            if end.state == "succeeded":
+                log.info("ran %s: succeeded%s", job_id, f": {end.result}" if end.result else "")
+            elif end.state == "failed":
+                log.warning("ran %s: failed: %s", job_id, end.error)
+            else:
+                log.info("skipped %s run_at=%d: cancelled", job_id, execution.record.run_at_ms)

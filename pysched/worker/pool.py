@@ -1,0 +1,170 @@
+"""The threads of a node's workers: ``concurrency`` delivery workers, each
+on a thread of its own that loops over its step, and one heartbeat thread
+that extends the claims of the runs in flight every ``heartbeat_ms``; if the
+pool dies, its claims expire after ``lease_ms`` and the runs are handed on
+again. A supervisor replaces any worker or heartbeat thread that ends before
+the stop, and logs it as an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from pysched import native
+from pysched.clock import Clock
+from pysched.protocols import ClaimOutcome, DispatchConsumer, Dispatcher, IdempotencyClaims, ScheduleStore
+from pysched.shell import kill_running
+from pysched.worker.config import WorkerConfig
+from pysched.worker.executor import Executor
+from pysched.worker.step import DeliveryWorker
+
+log = logging.getLogger("pysched.worker")
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        claims: IdempotencyClaims,
+        store: ScheduleStore,
+        clock: Clock,
+        holder: str,
+        config: WorkerConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.config = config or WorkerConfig()
+        self.executor = Executor(claims, store, clock, holder, self.config)
+        # The executor's: what the workers did, and how often the supervisor stepped in.
+        self.counts: Counter[str] = self.executor.counts
+        # Each worker draws its backoffs from a generator of its own, seeded
+        # from this one: threads do not share one generator's state.
+        self._rng = rng or random.Random()
+        self._rng_lock = threading.Lock()
+        # The supervised threads by name, and the supervisor itself.
+        self._threads: dict[str, threading.Thread] = {}
+        self._supervisor: threading.Thread | None = None
+
+    def start(self, stop: threading.Event) -> None:
+        for i in range(self.config.concurrency):
+            self._start_thread(f"pysched-worker-{i}", stop)
+        self._start_thread("pysched-heartbeat", stop)
+        self._supervisor = threading.Thread(
+            target=self._supervise, args=(stop,), name="pysched-supervisor", daemon=True
+        )
+        self._supervisor.start()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the threads to end after the stop, at most ``timeout_s``
+        or until abandon(); whether they all ended."""
+        deadline = time.monotonic() + timeout_s
+        threads = [*self._threads.values(), *([self._supervisor] if self._supervisor else [])]
+        for t in threads:
+            while t.is_alive() and not self.abandoned:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                t.join(min(remaining, 0.1))
+        return not any(t.is_alive() for t in threads)
+
+    def abandon(self) -> None:
+        """Stop now: kill the shell commands running (with their children)
+        and record no outcome from here on. The runs left unfinished keep
+        their claims until the leases run out, then are handed on again."""
+        if self.abandoned:
+            return
+        self.executor.abandoned.set()
+        killed = kill_running()
+        unfinished = self.executor.running()
+        if unfinished:
+            log.warning("left %d runs unfinished (%d shell commands killed)", unfinished, killed)
+
+    @property
+    def abandoned(self) -> bool:
+        return self.executor.abandoned.is_set()
+
+    def alive(self) -> list[str]:
+        """Names of the worker and heartbeat threads that are running."""
+        return sorted(name for name, t in self._threads.items() if t.is_alive())
+
+    def handle(self, payload: bytes) -> ClaimOutcome:
+        """One attempt at one delivery, as its own execution; raises what the
+        attempt raised."""
+        execution = self.executor.new_execution(native.decode(payload))
+        try:
+            (outcome,) = self.executor.attempt([execution])
+            return outcome
+        finally:
+            self.executor.end([execution])
+
+    def _start_thread(self, name: str, stop: threading.Event) -> None:
+        loop: Callable[[], None]
+        if name == "pysched-heartbeat":
+            loop = functools.partial(self._heartbeat, stop)
+        else:
+            loop = functools.partial(self._consume, self.dispatcher.consumer(), stop)
+        t = threading.Thread(target=self._guarded, args=(name, loop, stop), name=name, daemon=True)
+        self._threads[name] = t
+        t.start()
+
+    def _guarded(self, name: str, loop: Callable[[], None], stop: threading.Event) -> None:
+        try:
+            loop()
+        except BaseException:
+            # Logged here, with its cause; the supervisor replaces the thread.
+            log.exception("%s died", name)
+            return
+        if not stop.is_set():
+            log.error("%s ended before the node stopped", name)
+
+    def _supervise(self, stop: threading.Event) -> None:
+        """A thread that ends before the stop, for whatever reason, is
+        replaced: a pool must not shrink silently until nothing runs."""
+        while not stop.wait(self.config.supervise_s):
+            for name, t in list(self._threads.items()):
+                if t.is_alive() or stop.is_set():
+                    continue
+                log.error("%s is not running: starting a replacement", name)
+                try:
+                    self._start_thread(name, stop)
+                except Exception:
+                    log.exception("could not replace %s, will retry", name)
+                    continue
+                self.executor.count("replaced")
+
+    def _new_rng(self) -> random.Random:
+        with self._rng_lock:
+            return random.Random(self._rng.getrandbits(64))
+
+    def _consume(self, consumer: DispatchConsumer, stop: threading.Event) -> None:
+        """Step a worker until it has finished after the stop. It waits in
+        the consumer for a delivery when it holds none, and on the stop for
+        a backoff, or, once stopped, on the abandon: a run that has ended is
+        worth recording for as long as the drain lasts."""
+        worker = DeliveryWorker(consumer, self.executor, self._new_rng())
+        try:
+            while True:
+                if stop.is_set():
+                    worker.stop()
+                if worker.finished:
+                    return
+                now_ms = self.clock.now_ms()
+                if worker.step(now_ms, wait_s=self.config.poll_s):
+                    continue
+                retry_at_ms = worker.retry_at_ms
+                if retry_at_ms is not None:
+                    halt = self.executor.abandoned if stop.is_set() else stop
+                    halt.wait(max(0, retry_at_ms - now_ms) / 1000)
+        finally:
+            consumer.close()
+
+    def _heartbeat(self, stop: threading.Event) -> None:
+        while not stop.wait(self.config.heartbeat_ms / 1000):
+            self.executor.heartbeat_step(self.clock.now_ms())

@@ -1,0 +1,300 @@
+"""A delivery worker's step on the memory engine and a manual clock: a failed
+attempt waits out its backoff and is tried again before anything is
+acknowledged, a run held elsewhere is looked at again later, and a stop
+acknowledges nothing unfinished. Nothing here sleeps or reads real time."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from pysched import native
+from pysched.clock import ManualClock
+from pysched.memory import MemoryCluster, MemoryNode, open_memory
+from pysched.memory.faults import FaultInjector, FaultPoint, Phase, ScriptedFault
+from pysched.model import Job
+from pysched.planning import next_run
+from pysched.protocols import ClaimOutcome
+from pysched.records import DispatchRecord
+from pysched.registry import register
+from pysched.targets import RunContext
+from pysched.worker import DeliveryWorker, Executor, WorkerConfig
+
+T0 = 1_700_000_040_000
+CONFIG = WorkerConfig(lease_ms=30_000, retry_base_s=0.2, retry_max_s=10.0, busy_wait_ms=5_000)
+
+# The idempotency key of each start of the target below, in order.
+_runs: list[str] = []
+
+
+def count_run(ctx: RunContext) -> None:
+    _runs.append(ctx.idempotency_key)
+
+
+@pytest.fixture(autouse=True)
+def _no_runs_yet() -> Iterator[None]:
+    _runs.clear()
+    yield
+    _runs.clear()
+
+
+def _job(job_id: str) -> Job:
+    return Job.model_validate(
+        {
+            "id": job_id,
+            "schedule": {"kind": "once", "run_at_ms": T0 + 1_000},
+            "target": {"kind": "python", "ref": f"{__name__}:count_run"},
+        }
+    )
+
+
+class World:
+    """One broker partition, so that what the worker acknowledged is one
+    committed offset; a leader's node without faults, a worker's node with
+    the faults scripted."""
+
+    def __init__(self, *faults: ScriptedFault) -> None:
+        self.clock = ManualClock(T0)
+        self.cluster: MemoryCluster = open_memory(4, self.clock, dispatcher_partitions=1)
+        self.leader: MemoryNode = self.cluster.node()
+        self.faults = FaultInjector(script=faults)
+        self.node: MemoryNode = self.cluster.node(self.faults)
+        self.executor = Executor(self.node.claims, self.node.store, self.clock, "node-1", CONFIG)
+        self.worker = self.new_worker()
+
+    def new_worker(self) -> DeliveryWorker:
+        return DeliveryWorker(self.node.dispatcher.consumer(), self.executor, random.Random(5))
+
+    def dispatch(self, *job_ids: str) -> list[DispatchRecord]:
+        """Register one-shots and hand their runs on, in this order, as a
+        leader does; the records the worker receives."""
+        now = self.clock.now_ms()
+        store = self.leader.store
+        for job_id in job_ids:
+            register(store, _job(job_id), now)
+        fences = self.leader.coordinator.poll("leader", now)
+        rows = store.due_runs(fences, now + 60_000, now)
+        store.finish_dispatch(rows, fences, {}, now, next_run)
+        rows.sort(key=lambda row: job_ids.index(row.job_id))
+        payloads = [native.encode_batch([row], fences[row.partition], now)[0] for row in rows]
+        self.leader.dispatcher.publish([row.partition for row in rows], payloads)
+        return [native.decode(p) for p in payloads]
+
+    def acked(self) -> int:
+        """How many deliveries the group has committed."""
+        return self.cluster.broker.group_view().committed.get(0, 0)
+
+    def step(self) -> bool:
+        return self.worker.step(self.clock.now_ms())
+
+    def advance_to(self, at_ms: int) -> None:
+        self.clock.advance(at_ms - self.clock.now_ms())
+
+    def states(self, job_id: str) -> list[str]:
+        return [r.state for r in self.leader.store.history(job_id)]
+
+
+def fault(role: str, op: str, phase: Phase = "before") -> ScriptedFault:
+    """Fail the first call of ``role.op`` at ``phase``: before it took
+    effect, or after."""
+    return ScriptedFault(FaultPoint(role, op, phase))
+
+
+def test_a_failed_claim_is_tried_again_after_its_backoff_and_nothing_is_acknowledged_before() -> None:
+    w = World(fault("claims", "claim"))
+    first, second = w.dispatch("first", "second")
+    assert w.step()
+    assert w.faults.injected == [FaultPoint("claims", "claim", "before")]
+    retry_at = w.worker.retry_at_ms
+    assert retry_at is not None
+    # Full jitter up to the first cap; this seed draws a wait of some length.
+    assert T0 < retry_at <= T0 + 200
+    assert w.clock.now_ms() == T0, "the step must not sleep on the clock"
+    # Backing off: it neither retries nor moves on to the second record.
+    w.advance_to(retry_at - 1)
+    assert not w.step()
+    assert (w.acked(), _runs) == (0, [])
+    w.advance_to(retry_at)
+    assert w.step()
+    assert (w.acked(), _runs) == (1, [first.idempotency_key])
+    assert w.step()
+    assert (w.acked(), _runs) == (2, [first.idempotency_key, second.idempotency_key])
+    assert w.states("first") == w.states("second") == ["succeeded"]
+    assert w.worker.retry_at_ms is None
+    assert not w.step()
+    assert w.executor.counts["errors"] == 1
+
+
+def test_an_outcome_whose_store_write_failed_is_recorded_again_and_the_run_not_repeated() -> None:
+    # Failed after it took effect: the history has it, the claim does not yet.
+    w = World(fault("store", "run_finished", "after"))
+    (record,) = w.dispatch("job")
+    assert w.step()
+    assert (w.acked(), _runs) == (0, [record.idempotency_key])
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "running"
+    retry_at = w.worker.retry_at_ms
+    assert retry_at is not None
+    w.advance_to(retry_at)
+    assert w.step()
+    assert (w.acked(), _runs) == (1, [record.idempotency_key])
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "succeeded"
+    assert w.states("job") == ["succeeded"]
+
+
+def test_the_backoff_doubles_with_each_failure_up_to_its_cap() -> None:
+    assert [CONFIG.retry_cap_ms(n) for n in (1, 2, 3, 6, 7, 50, 5_000)] == [
+        200,
+        400,
+        800,
+        6_400,
+        10_000,
+        10_000,
+        10_000,
+    ]
+
+
+def test_a_run_held_elsewhere_is_looked_at_again_later_and_taken_over_when_its_lease_dies() -> None:
+    w = World()
+    (record,) = w.dispatch("job")
+    elsewhere = w.cluster.node().claims
+    assert elsewhere.claim(record, "node-2/1", T0, 12_000).outcome is ClaimOutcome.CLAIMED
+    looks = []
+    while not w.acked():
+        looks.append(w.clock.now_ms())
+        assert w.step()
+        assert w.clock.now_ms() == looks[-1], "the step must not sleep on the clock"
+        retry_at = w.worker.retry_at_ms
+        if retry_at is None:
+            break
+        w.advance_to(retry_at - 1)
+        assert not w.step()
+        w.advance_to(retry_at)
+    # Looked at every 5 s; run once the 12 s lease had died.
+    assert looks == [T0, T0 + 5_000, T0 + 10_000, T0 + 15_000]
+    assert _runs == [record.idempotency_key]
+    assert (w.executor.counts["busy"], w.executor.counts["taken_over"]) == (3, 1)
+    assert w.acked() == 1
+
+
+def test_a_run_that_succeeded_elsewhere_while_waiting_is_skipped_and_acknowledged() -> None:
+    w = World()
+    (record,) = w.dispatch("job")
+    elsewhere = w.cluster.node().claims
+    elsewhere.claim(record, "node-2/1", T0, 30_000)
+    assert w.step()
+    assert (w.acked(), w.worker.retry_at_ms) == (0, T0 + 5_000)
+    elsewhere.complete(record.idempotency_key, "node-2/1", True, None, T0 + 1_000)
+    w.advance_to(T0 + 5_000)
+    assert w.step()
+    assert (w.acked(), _runs) == (1, [])
+    assert w.executor.counts["succeeded"] == 1
+
+
+def test_a_delivery_after_the_stop_is_not_taken_nor_acknowledged_and_reaches_another_worker() -> None:
+    w = World()
+    (record,) = w.dispatch("job")
+    w.worker.stop()
+    assert w.worker.finished
+    assert not w.step()
+    assert (w.acked(), _runs) == (0, [])
+    # Its consumer leaves the group: another one is given the record.
+    w.worker.consumer.close()
+    other = w.new_worker()
+    assert other.step(T0)
+    assert (w.acked(), _runs) == (1, [record.idempotency_key])
+
+
+def test_a_stop_lets_go_of_a_delivery_backing_off_before_it_ran_unacknowledged() -> None:
+    w = World(fault("store", "get_job"))
+    (record,) = w.dispatch("job")
+    assert w.step()
+    key = record.idempotency_key
+    # Claimed, then failed: the claim is the execution's until it ends.
+    assert w.executor.running() == 1
+    w.worker.stop()
+    assert w.worker.finished
+    assert w.executor.running() == 0, "a claim let go of is no longer extended"
+    retry_at = T0 + CONFIG.retry_cap_ms(1)
+    w.advance_to(retry_at)
+    assert not w.step()
+    assert (w.acked(), _runs) == (0, [])
+    assert w.cluster.claims.claim_rows()[key].state == "running"
+
+
+def test_after_the_stop_a_run_that_ended_is_still_recorded_then_acknowledged() -> None:
+    w = World(fault("claims", "complete"))
+    (record,) = w.dispatch("job")
+    assert w.step()
+    assert _runs == [record.idempotency_key]
+    w.worker.stop()
+    assert not w.worker.finished
+    retry_at = w.worker.retry_at_ms
+    assert retry_at is not None
+    w.advance_to(retry_at)
+    assert w.step()
+    assert w.worker.finished
+    assert (w.acked(), _runs) == (1, [record.idempotency_key])
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "succeeded"
+
+
+def test_once_abandoned_a_run_that_ended_is_neither_recorded_nor_acknowledged() -> None:
+    w = World(fault("claims", "complete"))
+    (record,) = w.dispatch("job")
+    assert w.step()
+    w.worker.stop()
+    w.executor.abandoned.set()
+    assert w.worker.finished
+    retry_at = T0 + CONFIG.retry_cap_ms(1)
+    w.advance_to(retry_at)
+    assert not w.step()
+    assert w.acked() == 0
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "running"
+
+
+def test_the_heartbeat_step_extends_the_claims_of_executions_in_flight_only() -> None:
+    w = World(fault("store", "run_started"))
+    (record,) = w.dispatch("job")
+    assert w.step()
+    key = record.idempotency_key
+    assert w.cluster.claims.claim_rows()[key].lease_expires_ms == T0 + CONFIG.lease_ms
+    w.advance_to(T0 + 10_000)
+    assert w.executor.heartbeat_step(w.clock.now_ms()) == 1
+    assert w.cluster.claims.claim_rows()[key].lease_expires_ms == T0 + 10_000 + CONFIG.lease_ms
+    assert w.step()
+    assert w.acked() == 1
+    assert w.executor.heartbeat_step(w.clock.now_ms()) == 0
+
+
+def test_a_heartbeat_that_fails_is_left_to_the_next_beat() -> None:
+    w = World(fault("store", "run_started"), fault("claims", "heartbeat"))
+    (record,) = w.dispatch("job")
+    assert w.step()
+    assert w.executor.heartbeat_step(T0 + 10_000) == 0
+    assert w.executor.heartbeat_step(T0 + 20_000) == 1
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].lease_expires_ms == T0 + 20_000 + CONFIG.lease_ms
+
+
+def test_a_stale_leaders_record_is_handed_back_and_acknowledged() -> None:
+    w = World()
+    (record,) = w.dispatch("job")
+    w.node.claims.raise_fence(record.partition, record.fence + 1)
+    w.node.store.raise_fence(record.partition, record.fence + 1)
+    w.advance_to(record.due_ms)
+    assert w.step()
+    assert (w.acked(), _runs) == (1, [])
+    assert w.executor.counts["fenced"] == 1
+    # Owed to the new leader: scheduled again, after now.
+    rows = w.cluster.schedule.schedule_rows(record.partition)
+    assert [(r.run_id, r.due_ms > record.due_ms) for r in rows] == [(record.run_id, False), (record.run_id, True)]
+
+
+def test_an_undecodable_record_is_passed_over_and_acknowledged() -> None:
+    w = World()
+    w.leader.dispatcher.publish([0], [b"not a dispatch record"])
+    (record,) = w.dispatch("job")
+    assert w.step()
+    assert (w.acked(), w.executor.counts["errors"]) == (1, 1)
+    assert w.step()
+    assert (w.acked(), _runs) == (2, [record.idempotency_key])
