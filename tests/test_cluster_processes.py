@@ -120,7 +120,9 @@ REGISTER_LEAD_MS = 15_000
 
 
 def write_config(path: Path, values: dict[str, Any]) -> Path:
-    path.write_text("[cluster]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    # TOML has no null: a field left unset (partitions) is left out.
+    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items() if v is not None)
+    path.write_text("[cluster]\n" + lines)
     return path
 
 
