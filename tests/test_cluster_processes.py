@@ -90,6 +90,27 @@ class Cluster:
         finally:
             backends.close()
 
+    def register_minutely(self, n: int) -> list[str]:
+        """n minutely jobs writing to the ledger; their ids."""
+        backends = open_cluster(self.config, coordinator=False)
+        try:
+            ids = []
+            for k in range(n):
+                job = Job.model_validate(
+                    {
+                        "id": f"m{k:03d}",
+                        "schedule": {"kind": "cron", "expr": "* * * * *"},
+                        "target": {"kind": "python", "ref": "loadgen.target:append"},
+                        "payload": {"ledger": str(self.ledger)},
+                        "critical": True,
+                    }
+                )
+                register(backends.store, job, now_ms())
+                ids.append(job.id)
+            return ids
+        finally:
+            backends.close()
+
     def ledger_keys(self) -> Counter[str]:
         # loadgen's ledger: "<idempotency key> <due_ms> <started_ms>" a line.
         if not self.ledger.exists():
@@ -262,3 +283,40 @@ def test_an_unreachable_server_is_named_at_start_up(
     assert proc.returncode != 0
     assert f"{server} at " in proc.stderr and "127.0.0.1:9" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_all_nodes_down_for_three_minutes_then_one_node_catches_up(cluster: Cluster) -> None:
+    node = cluster.node("node-a")
+    worker = cluster.worker("worker-1")
+    wait_for(lambda: len(cluster.leaders()) == cluster.config.partitions, 60, "every partition to have a leader")
+    first = now_ms() + 30_000
+    expected = cluster.register_spread(200, first, 120_000)  # all due while nothing runs
+    minutely = cluster.register_minutely(10)
+    stop_node(node)
+    stop_node(worker)
+    stopped = now_ms()
+    time.sleep(180)
+    restarted = now_ms()
+    cluster.node("node-b")
+    cluster.worker("worker-2")
+    keys = wait_all_ran(cluster, expected, 180)
+
+    def run_ats(job_id: str) -> list[int]:
+        return sorted(int(k.split(":")[1]) for k in cluster.ledger_keys() if k.split(":")[0] == job_id)
+
+    wait_for(
+        lambda: all(any(t >= restarted for t in run_ats(j)) for j in minutely),
+        150,
+        "every minutely job to fire on schedule after the restart",
+    )
+    keys = cluster.ledger_keys()
+    assert_exactly_once(Counter({k: n for k, n in keys.items() if k in expected}), expected)
+    assert max(keys.values()) == 1, f"ran twice: {[k for k, v in keys.items() if v > 1][:5]}"
+    for job_id in minutely:
+        # Three runs fell due while nothing ran: one catch-up run, then the
+        # schedule resumes from now.
+        missed = [t for t in run_ats(job_id) if stopped < t < restarted]
+        assert len(missed) == 1, (job_id, missed)
+    print(
+        f"all down for {(restarted - stopped) / 1000:.0f} s: 200 overdue one-shots ran once, 10 minutely jobs caught up"
+    )

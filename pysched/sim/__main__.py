@@ -1,0 +1,3 @@
+from pysched.sim.cli import app
+
+app(prog_name="pysched-sim")

@@ -1,0 +1,109 @@
+"""The faults of a simulated world, drawn from its seed before it starts.
+
+Each fault happens to one node at a time, inside the first part of the run
+(the rest is the settling period, in which every owed run must catch up).
+Kinds, as named on the command line:
+
+- ``crash``: the node dies without a word (no hand-over) and a new process
+  starts in its place a while later;
+- ``pause``: the node stops longer than its lease (a GC pause) and wakes
+  with its state as it was;
+- ``coordinator``: its coordinator calls fail for a while;
+- ``publish``: its dispatcher refuses records for a while;
+- ``store``, ``claims``: a share of its calls fail, before or after taking
+  effect, for a while;
+- ``rebalance``: a worker's consumer dies without acknowledging, and the
+  dispatcher's group moves its partitions;
+- ``skew``: the nodes' clocks differ by up to ``MAX_SKEW_MS`` (for the whole
+  run).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+
+from pysched.memory.faults import Phase, SimulatedFault
+
+KINDS = ("crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "skew")
+MAX_SKEW_MS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class FaultEvent:
+    kind: str
+    node: int
+    at_ms: int  # world time
+    duration_ms: int
+    rate: float = 1.0  # the share of calls that fail, for the call faults
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    events: tuple[FaultEvent, ...]
+    skews_ms: tuple[int, ...]  # per node: its clock's offset from world time
+    quiet_from_ms: int  # no fault is active from here on
+
+
+def plan_faults(
+    rng: random.Random, kinds: frozenset[str], nodes: int, start_ms: int, end_ms: int, count: int
+) -> FaultPlan:
+    """``count`` faults drawn from ``kinds`` over the first two thirds of
+    [start, end), none overlapping on one node."""
+    quiet_from = start_ms + (end_ms - start_ms) * 2 // 3
+    skews = tuple(rng.randint(-MAX_SKEW_MS, MAX_SKEW_MS) if "skew" in kinds else 0 for _ in range(nodes))
+    drawable = sorted(kinds - {"skew"})
+    events: list[FaultEvent] = []
+    busy_until = [start_ms] * nodes
+    for _ in range(count if drawable else 0):
+        kind = rng.choice(drawable)
+        node = rng.randrange(nodes)
+        at = max(busy_until[node], start_ms + rng.randrange(max(1, quiet_from - start_ms)))
+        duration = {
+            "crash": rng.randrange(5_000, 60_000),
+            "pause": rng.randrange(11_000, 30_000),
+            "coordinator": rng.randrange(2_000, 40_000),
+            "publish": rng.randrange(1_000, 30_000),
+            "store": rng.randrange(1_000, 30_000),
+            "claims": rng.randrange(1_000, 30_000),
+            "rebalance": 0,
+        }[kind]
+        if at + duration >= quiet_from:
+            continue
+        rate = rng.choice((0.05, 0.2, 0.5)) if kind in ("store", "claims") else 1.0
+        events.append(FaultEvent(kind, node, at, duration, rate))
+        busy_until[node] = at + duration + 1_000
+    events.sort(key=lambda e: (e.at_ms, e.node))
+    return FaultPlan(tuple(events), skews, quiet_from)
+
+
+_ROLE_OF = {"coordinator": "coordinator", "publish": "dispatcher", "store": "store", "claims": "claims"}
+
+
+class NodeFaults:
+    """A node's fault hook (pysched.memory.faults.FaultHook): fails its calls
+    while one of its call faults is active, at that fault's rate."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._active: list[FaultEvent] = []
+        self._lock = threading.Lock()
+        self.injected = 0
+
+    def start(self, event: FaultEvent) -> None:
+        with self._lock:
+            self._active.append(event)
+
+    def stop(self, event: FaultEvent) -> None:
+        with self._lock:
+            self._active.remove(event)
+
+    def check(self, role: str, op: str, phase: Phase) -> None:
+        if role == "dispatcher" and op != "publish":
+            return  # consumers fail by ``rebalance``, not here
+        with self._lock:
+            rates = [e.rate for e in self._active if _ROLE_OF.get(e.kind) == role]
+        if rates and self._rng.random() < max(rates):
+            self.injected += 1
+            raise SimulatedFault(f"injected fault: {role}.{op} ({phase})")

@@ -1,0 +1,83 @@
+"""What a simulated world must show: every owed run executed exactly once,
+none before its time, fences that only grow, and, once the faults stop,
+every run on time again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pysched.memory.coordinator import FenceGrant
+from pysched.sim.faults import MAX_SKEW_MS
+from pysched.sim.ledger import Ledger
+from pysched.sim.workload import OwedRun
+
+# Once the faults have stopped and this long has passed (a lease TTL, a
+# coordinator answer, a reload and a claim lease running out), every run
+# starts within LATE_BOUND_MS of its due time.
+RECOVERY_MS = 60_000
+LATE_BOUND_MS = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: str  # lost, doubled, unowed, early, late, fence
+    detail: str
+    at_ms: int  # world time it concerns
+
+
+class FenceWatch:
+    """Checks, as grants arrive, that each partition's fences only grow."""
+
+    def __init__(self) -> None:
+        self._seen = 0
+        self._last: dict[int, int] = {}
+
+    def check(self, grants: Sequence[FenceGrant]) -> Violation | None:
+        for grant in grants[self._seen :]:
+            self._seen += 1
+            last = self._last.get(grant.partition, -1)
+            if grant.fence <= last:
+                return Violation(
+                    "fence",
+                    f"partition {grant.partition} granted fence {grant.fence} to {grant.holder} after {last}",
+                    grant.at_ms,
+                )
+            self._last[grant.partition] = grant.fence
+        return None
+
+
+def check_runs(
+    owed: Iterable[OwedRun], owed_later: Iterable[OwedRun], ledger: Ledger, quiet_from_ms: int
+) -> list[Violation]:
+    """``owed``: runs that must have executed by the end; ``owed_later``:
+    runs due too near the end to be judged, which may or may not have."""
+    counts = ledger.counts()
+    first_start: dict[str, int] = {}
+    for execution in ledger.executions:
+        first_start.setdefault(execution.key, execution.at_ms)
+    out: list[Violation] = []
+    known = set()
+    for run in owed:
+        known.add(run.key)
+        n = counts.get(run.key, 0)
+        if n == 0:
+            out.append(Violation("lost", f"{run.key} (due {run.due_ms}) never ran", run.due_ms))
+            continue
+        if n > 1:
+            out.append(Violation("doubled", f"{run.key} ran {n} times", run.due_ms))
+        started = first_start[run.key]
+        if started < run.due_ms - MAX_SKEW_MS:
+            out.append(Violation("early", f"{run.key} started {run.due_ms - started} ms before its time", started))
+        if run.due_ms >= quiet_from_ms + RECOVERY_MS and started - run.due_ms > LATE_BOUND_MS:
+            out.append(
+                Violation("late", f"{run.key} started {started - run.due_ms} ms late with no fault active", started)
+            )
+    for run in owed_later:
+        known.add(run.key)
+        if counts.get(run.key, 0) > 1:
+            out.append(Violation("doubled", f"{run.key} ran {counts[run.key]} times", run.due_ms))
+    for key, n in counts.items():
+        if key not in known:
+            out.append(Violation("unowed", f"{key} ran {n} times but no schedule owes it", first_start[key]))
+    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))

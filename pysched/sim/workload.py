@@ -1,0 +1,65 @@
+"""The jobs of a simulated world and the runs they owe."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from pysched import cron
+from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched.planning import jitter_for
+from pysched.records import idempotency_key
+from pysched.sim.ledger import TARGET
+
+# Kinds of job and how often each is drawn: the finest period is a minute,
+# so that a node's failover (a lease TTL and a poll) never makes the run_once
+# catch-up skip a run, and every nominal time is owed.
+_KINDS: tuple[tuple[str, float], ...] = (("minutely", 0.01), ("hourly", 0.3), ("daily", 0.4), ("once", 0.29))
+
+
+@dataclass(frozen=True, slots=True)
+class OwedRun:
+    """A nominal fire time of a job: it must run exactly once."""
+
+    key: str
+    job_id: str
+    due_ms: int
+
+
+def make_jobs(rng: random.Random, count: int, world_id: str, start_ms: int, span_ms: int) -> list[Job]:
+    kinds = [k for k, _ in _KINDS]
+    weights = [w for _, w in _KINDS]
+    jobs = []
+    for i, kind in enumerate(rng.choices(kinds, weights, k=count)):
+        spec: dict[str, object] = {
+            "id": f"{kind}-{i:06d}",
+            "target": {"kind": "python", "ref": TARGET},
+            "payload": {"world": world_id},
+        }
+        if kind == "once":
+            spec["schedule"] = {"kind": "once", "run_at_ms": start_ms + rng.randrange(1_000, span_ms)}
+        else:
+            minute = rng.randrange(60)
+            hour = rng.randrange(24)
+            expr = {"minutely": "* * * * *", "hourly": f"{minute} * * * *", "daily": f"{minute} {hour} * * *"}[kind]
+            spec["schedule"] = {"kind": "cron", "expr": expr}
+            if rng.random() < 0.5:
+                spec["jitter_window_s"] = {"minutely": 30, "hourly": 300, "daily": 600}[kind]
+        jobs.append(Job.model_validate(spec))
+    return jobs
+
+
+def owed_runs(job: Job, registered_ms: int, until_ms: int) -> list[OwedRun]:
+    """Every run of ``job`` due by ``until_ms``, as the schedule says."""
+    jitter = jitter_for(job, registered_ms)
+    out: list[OwedRun] = []
+    match job.schedule:
+        case OnceSchedule(run_at_ms=run_at):
+            if run_at + jitter <= until_ms:
+                out.append(OwedRun(idempotency_key(job.id, run_at, 0), job.id, run_at + jitter))
+        case CronSchedule(expr=expr, tz=tz):
+            t = cron.next_after(expr, tz, registered_ms)
+            while t is not None and t + jitter <= until_ms:
+                out.append(OwedRun(idempotency_key(job.id, t, 0), job.id, t + jitter))
+                t = cron.next_after(expr, tz, t)
+    return out
