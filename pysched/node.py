@@ -59,6 +59,7 @@ def open_embedded(
     lease_ttl_ms: int = 5_000,
     *,
     access: Access = "create",
+    clock: Clock | None = None,
 ) -> EmbeddedBackends:
     """The embedded engine on one database file. ``partitions`` is the count
     a new database gets (default 64); an existing one keeps its own, and
@@ -68,7 +69,7 @@ def open_embedded(
         store=SQLiteScheduleStore(db),
         claims=SQLiteClaims(db),
         coordinator=SQLiteLeaseCoordinator(db, ttl_ms=lease_ttl_ms),
-        dispatcher=InProcessDispatcher(),
+        dispatcher=InProcessDispatcher(clock),
         close=db.close,
         db=db,
     )

@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import sys
-import time
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
@@ -15,6 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from pysched.clock import SystemClock
 from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
 from pysched.coord.local import scheduler_seen
@@ -34,6 +34,9 @@ ConfigOption = Annotated[
     ),
 ]
 DEFAULT_DB = "pysched.db"
+
+# The CLI's one source of time: every command reads "now" from it.
+CLOCK = SystemClock()
 
 
 # Exit codes: 0 done, 1 an unexpected failure, 2 bad input (nothing changed),
@@ -120,7 +123,7 @@ def open_store(db: str, config: str | None = None, *, access: Access) -> Schedul
 
 def warn_without_scheduler(store: ScheduleStore, db: str) -> None:
     """A job added where no scheduler runs waits silently: say so."""
-    if isinstance(store, SQLiteScheduleStore) and not scheduler_seen(store.db, time.time_ns() // 1_000_000):
+    if isinstance(store, SQLiteScheduleStore) and not scheduler_seen(store.db, CLOCK.now_ms()):
         typer.echo(
             f"warning: no scheduler has run on {shlex.quote(db)} in the last minute;"
             f" the job fires only while `pysched up --db {shlex.quote(db)}` runs",

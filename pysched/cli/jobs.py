@@ -16,6 +16,7 @@ from rich.table import Table
 from pysched import cron
 from pysched.admission import MAX_AHEAD_MS, MAX_AHEAD_YEARS, PAYLOAD_LIMIT_BYTES, JobRejected, admit
 from pysched.cli.common import (
+    CLOCK,
     DEFAULT_DB,
     EXIT_NO_SUCH_JOB,
     ID_RULE,
@@ -33,16 +34,13 @@ from pysched.cli.common import (
     run_json,
     warn_without_scheduler,
 )
-from pysched.clock import SystemClock
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
 from pysched.registry import register, reschedule
 
-_CLOCK = SystemClock()
-
 
 def _now_ms() -> int:
-    return _CLOCK.now_ms()
+    return CLOCK.now_ms()
 
 
 def _zone_name(tz: str | None) -> str | None:

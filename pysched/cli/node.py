@@ -7,14 +7,23 @@ import os
 import signal
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, JsonOption, cluster_config, echo_json, fail, iso
+from pysched.cli.common import (
+    CLOCK,
+    DEFAULT_DB,
+    ConfigOption,
+    DbOption,
+    JsonOption,
+    cluster_config,
+    echo_json,
+    fail,
+    iso,
+)
 from pysched.cli.signals import StopSignals
 from pysched.demo import register_demo_jobs
 from pysched.leader import RunDispatched
@@ -162,7 +171,7 @@ def up(
         keep_per_job=backends.retention.keep_per_job if history_keep is None else history_keep,
     )
     if demo:
-        register_demo_jobs(backends.store, time.time_ns() // 1_000_000)
+        register_demo_jobs(backends.store, CLOCK.now_ms())
     _serve(backends, workers, quiet, lead=True, where=config or db)
 
 
@@ -182,7 +191,7 @@ def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: Json
     """Who leads which partitions, with which fence, and the watermarks."""
     backends = _open(db, config, access="read")
     try:
-        now = time.time_ns() // 1_000_000
+        now = CLOCK.now_ms()
         leaders = backends.coordinator.leaders()
         by_holder: dict[str, dict[str, list[int]]] = {}
         for p, lease in sorted(leaders.items()):

@@ -11,10 +11,10 @@ append, not 50,000 queue operations.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 
+from pysched.clock import Clock, SystemClock
 from pysched.protocols import Delivery
 
 
@@ -33,7 +33,9 @@ class InProcessConsumer:
 
 
 class InProcessDispatcher:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        # Stamps each record's enqueue time, as Kafka's LogAppendTime would.
+        self._clock = clock or SystemClock()
         # Whole batches with the time they were queued; the consumers walk
         # the oldest one with a cursor.
         self._batches: deque[tuple[Sequence[bytes], int]] = deque()
@@ -46,7 +48,7 @@ class InProcessDispatcher:
             raise RuntimeError("dispatcher is closed")
         if not payloads:
             return
-        now = time.time_ns() // 1_000_000
+        now = self._clock.now_ms()
         with self._ready:
             self._batches.append((payloads, now))
             self._ready.notify_all()
