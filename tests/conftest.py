@@ -58,6 +58,44 @@ def cluster_config_for(services: dict[str, Any], keyspace: str, **overrides: Any
     )
 
 
+class _KeyspaceDropper:
+    """Drops the keyspaces tests made, on one connection for the session: a
+    Cassandra holding hundreds of test keyspaces runs out of heap."""
+
+    def __init__(self) -> None:
+        self._cluster: Any = None
+        self._session: Any = None
+
+    def drop(self, keyspace: str) -> None:
+        try:
+            state = json.loads(SERVICES_STATE.read_text())
+            if self._session is None:
+                from cassandra.cluster import Cluster
+
+                host, _, port = state["cassandra"]["contact"].rpartition(":")
+                self._cluster = Cluster([host], port=int(port), connect_timeout=5)
+                self._session = self._cluster.connect()
+            self._session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+        except Exception:
+            # No servers, or a test that stopped Cassandra: nothing to drop,
+            # or nothing that can be dropped now.
+            self.close()
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.shutdown()
+        self._cluster = self._session = None
+
+
+@pytest.fixture(scope="session")
+def _keyspace_dropper() -> Iterator[_KeyspaceDropper]:
+    dropper = _KeyspaceDropper()
+    yield dropper
+    dropper.close()
+
+
 @pytest.fixture
-def keyspace() -> str:
-    return f"t_{uuid.uuid4().hex[:12]}"
+def keyspace(_keyspace_dropper: _KeyspaceDropper) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    _keyspace_dropper.drop(name)
