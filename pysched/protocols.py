@@ -146,8 +146,10 @@ class ScheduleStore(Protocol):
         ...
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
-        """Replace an active job's schedule; pending runs are cancelled and
-        ``first`` becomes the next run. Raises JobNotFound, JobNotActive."""
+        """Replace an active job's schedule; pending runs, and runs handed on
+        but not started, are cancelled (a started run keeps its spec and
+        goes on) and ``first`` becomes the next run. Raises JobNotFound,
+        JobNotActive."""
         ...
 
     def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:

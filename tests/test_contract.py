@@ -278,6 +278,33 @@ def test_a_run_rescheduled_after_it_was_sent_does_not_start(backend: Backend) ->
     assert not backend.store.run_started(record(row, 1), "w1", T0 + 10_002)
 
 
+def test_a_run_rescheduled_after_its_dispatch_was_recorded_does_not_start(backend: Backend) -> None:
+    # The hole the test above leaves: once finish_dispatch has planned the
+    # next run, the run sent is no longer the job's pending one, and a
+    # reschedule that cancels only pending runs let it start, under the new
+    # spec the worker reads at run time.
+    backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    (sent,), (planned,) = dispatch(backend, T0 + 60_000, 1, T0 + 10_000)
+    backend.store.reschedule(cron_job(expr="7 * * * *"), 0, PlannedRun(T0 + 420_000, T0 + 420_000), T0 + 10_001)
+    assert not backend.store.run_started(record(sent, 1), "w1", T0 + 10_002)
+    assert not backend.store.run_started(record(planned, 1), "w1", T0 + 20_000)
+    states = {r.run_at_ms: r.state for r in backend.store.history("every-10s")}
+    assert states[sent.run_at_ms] == "cancelled"
+    # The new schedule's run is due; a store that re-reads behind its
+    # watermark may list the old one too, which run_started refused above.
+    assert T0 + 420_000 in [r.due_ms for r in backend.store.due_runs(every(2), T0 + 500_000, T0 + 20_000)]
+
+
+def test_a_run_started_before_a_reschedule_keeps_its_start(backend: Backend) -> None:
+    backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 10_000)
+    assert backend.store.run_started(record(sent, 1), "w1", T0 + 10_001)
+    backend.store.reschedule(cron_job(expr="7 * * * *"), 0, PlannedRun(T0 + 420_000, T0 + 420_000), T0 + 10_002)
+    backend.store.run_finished(record(sent, 1), "succeeded", None, None, T0 + 10_003)
+    states = {r.run_at_ms: r.state for r in backend.store.history("every-10s")}
+    assert states[sent.run_at_ms] == "succeeded"
+
+
 def test_reschedule_replaces_pending_runs(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
     new = cron_job(expr="0 * * * *")

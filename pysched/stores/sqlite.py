@@ -99,8 +99,12 @@ class SQLiteScheduleStore:
                 raise JobNotFound(f"no job {job.id!r}")
             if row[0] != "active":
                 raise JobNotActive(f"job {job.id!r} is {row[0]}")
+            # A run handed on but not started belongs to the old schedule:
+            # the worker would read the new spec when it starts it, so it is
+            # cancelled with the pending ones (run_started then refuses it).
             conn.execute(
-                "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND state = 'scheduled'",
+                "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ?"
+                " AND state IN ('scheduled', 'dispatched')",
                 (now_ms, job.id),
             )
             conn.execute(
