@@ -18,6 +18,15 @@ from pysched.records import DispatchRecord
 class JobExists(ValueError):
     """A job with this id is already registered."""
 
+    @classmethod
+    def for_state(cls, job_id: str, state: str) -> JobExists:
+        """The refusal, saying why when the job there has ended: an id is
+        used once, so that runs and claims of the old job (keyed by its id)
+        are never taken for the new one's."""
+        if state in ("cancelled", "completed"):
+            return cls(f"job {job_id!r} was {state} and keeps its id and history; register the new job under a new id")
+        return cls(f"job {job_id!r} already exists")
+
 
 class JobNotFound(LookupError):
     """No job with this id."""

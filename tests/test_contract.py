@@ -270,6 +270,21 @@ def test_cancel_stops_pending_runs_and_keeps_history(backend: Backend) -> None:
         backend.store.cancel_job("nope", T0)
 
 
+def test_a_cancelled_id_is_not_registered_again(backend: Backend) -> None:
+    # An id is used once: a new job under a cancelled one's id would inherit
+    # its in-flight runs (a worker reads the job's spec when it starts a run)
+    # and its runs' rows and claims, whose keys are made of the id.
+    backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    dispatch(backend, T0 + 60_000, 1, T0 + 10_000)
+    backend.store.cancel_job("every-10s", T0 + 10_001)
+    with pytest.raises(JobExists, match="cancelled"):
+        backend.store.add_job(cron_job(expr="0 * * * *"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0)
+    items = [(cron_job(expr="0 * * * *"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000))]
+    assert backend.store.add_jobs(items, T0) == ["every-10s"]
+    rec = backend.store.get_job("every-10s")
+    assert rec.state == "cancelled" and rec.job == cron_job()
+
+
 def test_a_run_rescheduled_after_it_was_sent_does_not_start(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
     (row,) = list(backend.store.due_runs(every(1), T0 + 60_000, T0 + 10_000))

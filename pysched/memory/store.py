@@ -198,7 +198,7 @@ class MemoryScheduleStore:
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         with self._op("add_job"):
             if job.id in self.tables.jobs:
-                raise JobExists(f"job {job.id!r} already exists")
+                raise JobExists.for_state(job.id, self.tables.jobs[job.id].state)
             first = self._register(job, partition, jitter_ms, first, now_ms)
             if is_near(first, now_ms):
                 self.tables.bump(partition)

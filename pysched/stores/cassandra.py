@@ -350,7 +350,7 @@ class CassandraScheduleStore:
         (current,) = self._claim_ids([(job.id, spec, partition, jitter_ms, now_ms, now_ms)])
         if current is not None:
             if current.state != "registering" or current.updated_at_ms > now_ms - REGISTERING_GRACE_MS:
-                raise JobExists(f"job {job.id!r} already exists")
+                raise JobExists.for_state(job.id, current.state)
             # A registration that died half-way: take its place.
             retake = self.session.execute(
                 self._retake_job, (spec, partition, jitter_ms, now_ms, now_ms, job.id, current.updated_at_ms)

@@ -60,7 +60,7 @@ class SQLiteScheduleStore:
 
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         if self.add_jobs([(job, partition, jitter_ms, first)], now_ms):
-            raise JobExists(f"job {job.id!r} already exists")
+            raise JobExists.for_state(job.id, self.get_job(job.id).state)
         return self.get_job(job.id)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
