@@ -205,7 +205,9 @@ class ScheduleStore(Protocol):
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
     ) -> None:
-        """Record the outcome: ``state`` is succeeded, failed or cancelled."""
+        """Record the outcome: ``state`` is succeeded, failed or cancelled.
+        A run already recorded succeeded keeps its record: a redelivery of
+        it (its claim succeeded) records its outcome again."""
         ...
 
     def watermarks(self) -> dict[int, int]:

@@ -380,6 +380,18 @@ def test_outcomes_are_recorded(backend: Backend) -> None:
     assert run.dispatched_at_ms == T0 + 150 and run.due_ms == T0 + 100
 
 
+def test_a_succeeded_run_keeps_its_record(backend: Backend) -> None:
+    # A redelivery of a run whose claim succeeded records the outcome again
+    # (its node may have died before its history had it): the first stands.
+    backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (sent,), _ = dispatch(backend, T0 + 1_000, 1, T0 + 100)
+    assert backend.store.run_started(record(sent, 1), "w1", T0 + 200)
+    backend.store.run_finished(record(sent, 1), "succeeded", None, "first", T0 + 300)
+    backend.store.run_finished(record(sent, 1), "succeeded", None, None, T0 + 900)
+    (run,) = backend.store.history("o")
+    assert (run.state, run.result, run.ended_at_ms) == ("succeeded", "first", T0 + 300)
+
+
 def test_the_last_run_is_the_newest_handed_on_whatever_became_of_it(backend: Backend) -> None:
     store = backend.store
     store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)

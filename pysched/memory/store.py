@@ -408,6 +408,8 @@ class MemoryScheduleStore:
     ) -> None:
         with self._op("run_finished"):
             row = self._run_for(record)
+            if row.state == "succeeded":
+                return
             self._put_run(record, replace(row, state=state, ended_at_ms=now_ms, error=error, result=result))
 
     def _run_for(self, record: DispatchRecord) -> RunRow:

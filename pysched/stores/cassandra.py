@@ -656,6 +656,11 @@ class CassandraScheduleStore:
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
     ) -> None:
+        # Read, then write, as run_started: a plain write, not a Paxos round
+        # on the run path; only a redelivery of a run that succeeded meets it.
+        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        if row is not None and row.state == "succeeded":
+            return
         self.session.execute(
             self._run_finished,
             (state, now_ms, error, result, record.job_id, record.run_at_ms, record.attempt_group),
