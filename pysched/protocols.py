@@ -18,6 +18,15 @@ from pysched.records import DispatchRecord
 class JobExists(ValueError):
     """A job with this id is already registered."""
 
+    @classmethod
+    def for_state(cls, job_id: str, state: str) -> JobExists:
+        """The refusal, saying why when the job there has ended: an id is
+        used once, so that runs and claims of the old job (keyed by its id)
+        are never taken for the new one's."""
+        if state in ("cancelled", "completed"):
+            return cls(f"job {job_id!r} was {state} and keeps its id and history; register the new job under a new id")
+        return cls(f"job {job_id!r} already exists")
+
 
 class JobNotFound(LookupError):
     """No job with this id."""
@@ -146,8 +155,10 @@ class ScheduleStore(Protocol):
         ...
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
-        """Replace an active job's schedule; pending runs are cancelled and
-        ``first`` becomes the next run. Raises JobNotFound, JobNotActive."""
+        """Replace an active job's schedule; pending runs, and runs handed on
+        but not started, are cancelled (a started run keeps its spec and
+        goes on) and ``first`` becomes the next run. Raises JobNotFound,
+        JobNotActive."""
         ...
 
     def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:
@@ -194,7 +205,9 @@ class ScheduleStore(Protocol):
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
     ) -> None:
-        """Record the outcome: ``state`` is succeeded, failed or cancelled."""
+        """Record the outcome: ``state`` is succeeded, failed or cancelled.
+        A run already recorded succeeded keeps its record: a redelivery of
+        it (its claim succeeded) records its outcome again."""
         ...
 
     def watermarks(self) -> dict[int, int]:

@@ -184,3 +184,13 @@ def test_up_without_workers_on_the_embedded_engine_is_refused(tmp_path: Path, db
     assert "--workers: 0 only makes sense with --config and separate `pysched worker` processes" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not db_path.exists()
+
+
+def test_a_cancelled_id_is_refused_with_the_reason(db_path: Path) -> None:
+    cli("add", "nightly", "--cron", "0 2 * * *", "--shell", "true", db=db_path)
+    cli("cancel", "nightly", db=db_path)
+    proc = cli("add", "nightly", "--cron", "0 3 * * *", "--shell", "false", db=db_path, check=False)
+    assert proc.returncode == 2
+    assert "id: job 'nightly' was cancelled" in proc.stderr and "new id" in proc.stderr
+    (job,) = cli_json("ls", db=db_path)
+    assert job["state"] == "cancelled" and job["target"]["command"] == "true"

@@ -270,12 +270,54 @@ def test_cancel_stops_pending_runs_and_keeps_history(backend: Backend) -> None:
         backend.store.cancel_job("nope", T0)
 
 
+def test_a_cancelled_id_is_not_registered_again(backend: Backend) -> None:
+    # An id is used once: a new job under a cancelled one's id would inherit
+    # its in-flight runs (a worker reads the job's spec when it starts a run)
+    # and its runs' rows and claims, whose keys are made of the id.
+    backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    dispatch(backend, T0 + 60_000, 1, T0 + 10_000)
+    backend.store.cancel_job("every-10s", T0 + 10_001)
+    with pytest.raises(JobExists, match="cancelled"):
+        backend.store.add_job(cron_job(expr="0 * * * *"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0)
+    items = [(cron_job(expr="0 * * * *"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000))]
+    assert backend.store.add_jobs(items, T0) == ["every-10s"]
+    rec = backend.store.get_job("every-10s")
+    assert rec.state == "cancelled" and rec.job == cron_job()
+
+
 def test_a_run_rescheduled_after_it_was_sent_does_not_start(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
     (row,) = list(backend.store.due_runs(every(1), T0 + 60_000, T0 + 10_000))
     # Sent, not yet started, when the job moves to another schedule.
     backend.store.reschedule(cron_job(expr="7 * * * *"), 0, PlannedRun(T0 + 420_000, T0 + 420_000), T0 + 10_001)
     assert not backend.store.run_started(record(row, 1), "w1", T0 + 10_002)
+
+
+def test_a_run_rescheduled_after_its_dispatch_was_recorded_does_not_start(backend: Backend) -> None:
+    # The hole the test above leaves: once finish_dispatch has planned the
+    # next run, the run sent is no longer the job's pending one, and a
+    # reschedule that cancels only pending runs let it start, under the new
+    # spec the worker reads at run time.
+    backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    (sent,), (planned,) = dispatch(backend, T0 + 60_000, 1, T0 + 10_000)
+    backend.store.reschedule(cron_job(expr="7 * * * *"), 0, PlannedRun(T0 + 420_000, T0 + 420_000), T0 + 10_001)
+    assert not backend.store.run_started(record(sent, 1), "w1", T0 + 10_002)
+    assert not backend.store.run_started(record(planned, 1), "w1", T0 + 20_000)
+    states = {r.run_at_ms: r.state for r in backend.store.history("every-10s")}
+    assert states[sent.run_at_ms] == "cancelled"
+    # The new schedule's run is due; a store that re-reads behind its
+    # watermark may list the old one too, which run_started refused above.
+    assert T0 + 420_000 in [r.due_ms for r in backend.store.due_runs(every(2), T0 + 500_000, T0 + 20_000)]
+
+
+def test_a_run_started_before_a_reschedule_keeps_its_start(backend: Backend) -> None:
+    backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 10_000)
+    assert backend.store.run_started(record(sent, 1), "w1", T0 + 10_001)
+    backend.store.reschedule(cron_job(expr="7 * * * *"), 0, PlannedRun(T0 + 420_000, T0 + 420_000), T0 + 10_002)
+    backend.store.run_finished(record(sent, 1), "succeeded", None, None, T0 + 10_003)
+    states = {r.run_at_ms: r.state for r in backend.store.history("every-10s")}
+    assert states[sent.run_at_ms] == "succeeded"
 
 
 def test_reschedule_replaces_pending_runs(backend: Backend) -> None:
@@ -336,6 +378,18 @@ def test_outcomes_are_recorded(backend: Backend) -> None:
         "w1",
     )
     assert run.dispatched_at_ms == T0 + 150 and run.due_ms == T0 + 100
+
+
+def test_a_succeeded_run_keeps_its_record(backend: Backend) -> None:
+    # A redelivery of a run whose claim succeeded records the outcome again
+    # (its node may have died before its history had it): the first stands.
+    backend.store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (sent,), _ = dispatch(backend, T0 + 1_000, 1, T0 + 100)
+    assert backend.store.run_started(record(sent, 1), "w1", T0 + 200)
+    backend.store.run_finished(record(sent, 1), "succeeded", None, "first", T0 + 300)
+    backend.store.run_finished(record(sent, 1), "succeeded", None, None, T0 + 900)
+    (run,) = backend.store.history("o")
+    assert (run.state, run.result, run.ended_at_ms) == ("succeeded", "first", T0 + 300)
 
 
 def test_the_last_run_is_the_newest_handed_on_whatever_became_of_it(backend: Backend) -> None:

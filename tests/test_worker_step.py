@@ -128,12 +128,13 @@ def test_a_failed_claim_is_tried_again_after_its_backoff_and_nothing_is_acknowle
 
 
 def test_an_outcome_whose_store_write_failed_is_recorded_again_and_the_run_not_repeated() -> None:
-    # Failed after it took effect: the history has it, the claim does not yet.
+    # Failed after it took effect: the claim and the history have it, and
+    # the retry must not run it again.
     w = World(fault("store", "run_finished", "after"))
     (record,) = w.dispatch("job")
     assert w.step()
     assert (w.acked(), _runs) == (0, [record.idempotency_key])
-    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "running"
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "succeeded"
     retry_at = w.worker.retry_at_ms
     assert retry_at is not None
     w.advance_to(retry_at)
@@ -298,3 +299,27 @@ def test_an_undecodable_record_is_passed_over_and_acknowledged() -> None:
     assert (w.acked(), w.executor.counts["errors"]) == (1, 1)
     assert w.step()
     assert (w.acked(), _runs) == (2, [record.idempotency_key])
+
+
+@pytest.mark.parametrize("phase", ["before", "after"])
+def test_a_crash_between_recording_the_outcome_and_completing_the_claim_is_recovered(phase: Phase) -> None:
+    """The node dies right after the first of the two writes that end a run
+    (its history and its claim), here the claims call failing before or
+    after it took effect: the run's redelivery, on another node once the
+    lease ran out, must not run a run whose history says it succeeded, and
+    must leave the history with the outcome."""
+    w = World(fault("claims", "complete", phase))
+    (record,) = w.dispatch("once")
+    with pytest.raises(ConnectionError):
+        w.executor.attempt([w.executor.new_execution(record)])
+    assert _runs == [record.idempotency_key]
+    claim_at_crash = w.cluster.claims.claim_rows()[record.idempotency_key].state
+    ended_at_crash = w.states("once") == ["succeeded"] or claim_at_crash == "succeeded"
+    w.advance_to(T0 + CONFIG.lease_ms + 1)
+    survivor = Executor(w.leader.claims, w.leader.store, w.clock, "node-2", CONFIG)
+    survivor.attempt([survivor.new_execution(record._replace(attempt=record.attempt + 1))])
+    # Run again only as a known new attempt, when nothing said it had ended.
+    assert len(_runs) == (1 if ended_at_crash else 2)
+    assert w.states("once") == ["succeeded"]
+    rerun = survivor.claims.claim(record, "node-3", w.clock.now_ms(), CONFIG.lease_ms)
+    assert rerun.outcome is ClaimOutcome.SUCCEEDED

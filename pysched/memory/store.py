@@ -198,7 +198,7 @@ class MemoryScheduleStore:
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         with self._op("add_job"):
             if job.id in self.tables.jobs:
-                raise JobExists(f"job {job.id!r} already exists")
+                raise JobExists.for_state(job.id, self.tables.jobs[job.id].state)
             first = self._register(job, partition, jitter_ms, first, now_ms)
             if is_near(first, now_ms):
                 self.tables.bump(partition)
@@ -234,6 +234,7 @@ class MemoryScheduleStore:
             if current.state != "active":
                 raise JobNotActive(f"job {job.id!r} is {current.state}")
             first = self._not_before_now(first)
+            self._cancel_handed_on(job.id, now_ms)
             if first is not None:
                 self._write_run(job.id, current.partition, first)
             self.tables.jobs[job.id] = replace(
@@ -407,6 +408,8 @@ class MemoryScheduleStore:
     ) -> None:
         with self._op("run_finished"):
             row = self._run_for(record)
+            if row.state == "succeeded":
+                return
             self._put_run(record, replace(row, state=state, ended_at_ms=now_ms, error=error, result=result))
 
     def _run_for(self, record: DispatchRecord) -> RunRow:
@@ -484,6 +487,15 @@ class MemoryScheduleStore:
             new = replace(old, run_id=run_id, due_ms=run.due_ms, partition=partition, state="scheduled", attempt=0)
         self.tables.upsert_run(job_id, key, new)
         self.tables.put_schedule(ScheduleRow(partition, run.due_ms, run_id, job_id, run.run_at_ms, 0))
+
+    def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
+        """Cancel the job's runs handed on and not started: they belong to
+        the schedule being replaced, and a worker starting one would read the
+        new spec. Before the job row changes, as on Cassandra: a worker that
+        read the new spec finds its run cancelled."""
+        for key, row in list(self.tables.runs.get(job_id, {}).items()):
+            if row.state == "scheduled" and row.dispatched_at_ms is not None:
+                self.tables.upsert_run(job_id, key, replace(row, state="cancelled", ended_at_ms=now_ms))
 
     def _drop_pending(self, job_id: str, partition: int, run: PlannedRun, now_ms: int) -> None:
         self.tables.delete_schedule(partition, run.due_ms, run_id_for(job_id, run.run_at_ms, 0))

@@ -293,6 +293,13 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.runs SET state = ?, ended_at_ms = ?, error = ?, result = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
+        self._job_run_states = p(
+            f"SELECT run_at_ms, attempt_group, state, dispatched_at_ms FROM {ks}.runs WHERE job_id = ?"
+        )
+        self._cancel_run_in_group = p(
+            f"UPDATE {ks}.runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND run_at_ms = ?"
+            " AND attempt_group = ?"
+        )
         self._job_partitions = p(f"SELECT job_id, partition FROM {ks}.jobs")
         self._run_ends = p(f"SELECT run_at_ms, attempt_group, state, ended_at_ms FROM {ks}.runs WHERE job_id = ?")
         self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms >= ? AND run_at_ms <= ?")
@@ -343,7 +350,7 @@ class CassandraScheduleStore:
         (current,) = self._claim_ids([(job.id, spec, partition, jitter_ms, now_ms, now_ms)])
         if current is not None:
             if current.state != "registering" or current.updated_at_ms > now_ms - REGISTERING_GRACE_MS:
-                raise JobExists(f"job {job.id!r} already exists")
+                raise JobExists.for_state(job.id, current.state)
             # A registration that died half-way: take its place.
             retake = self.session.execute(
                 self._retake_job, (spec, partition, jitter_ms, now_ms, now_ms, job.id, current.updated_at_ms)
@@ -410,6 +417,9 @@ class CassandraScheduleStore:
         if current.state != "active":
             raise JobNotActive(f"job {job.id!r} is {current.state}")
         first = self._not_before_now(first)
+        # Before the new spec is written: a worker that reads it (it reads
+        # the job, then records the start) then finds its run cancelled.
+        self._cancel_handed_on(job.id, now_ms)
         if first is not None:
             self._write_run(job.id, current.partition, first)
         res = self.session.execute(
@@ -646,6 +656,11 @@ class CassandraScheduleStore:
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
     ) -> None:
+        # Read, then write, as run_started: a plain write, not a Paxos round
+        # on the run path; only a redelivery of a run that succeeded meets it.
+        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        if row is not None and row.state == "succeeded":
+            return
         self.session.execute(
             self._run_finished,
             (state, now_ms, error, result, record.job_id, record.run_at_ms, record.attempt_group),
@@ -759,6 +774,18 @@ class CassandraScheduleStore:
         batch = BatchStatement(batch_type=BatchType.LOGGED)
         self._add_run_rows(batch, job_id, partition, run)
         self.session.execute(batch)
+
+    def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
+        """Cancel the job's runs handed on and not started (a scheduled row
+        with a dispatch time): they belong to the schedule being replaced,
+        and a worker starting one would read the new spec. One partition
+        read: a job's runs are bounded by its retention."""
+        handed_on = [
+            (now_ms, job_id, r.run_at_ms, r.attempt_group)
+            for r in self.session.execute(self._job_run_states, (job_id,))
+            if r.state == "scheduled" and r.dispatched_at_ms is not None
+        ]
+        self._concurrent(self._cancel_run_in_group, handed_on)
 
     def _drop_pending(self, job_id: str, partition: int, run_at_ms: int, due_ms: int, now_ms: int) -> None:
         run_id = run_id_for(job_id, run_at_ms, 0)

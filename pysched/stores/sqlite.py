@@ -26,13 +26,16 @@ from pysched.stores.sqlite_db import SQLiteDatabase
 
 # Runs a leader holding :fence at :now must hand on. A run dispatched under an
 # older fence was in a queue that died with its leader; a running run whose
-# worker lease expired was lost with its worker.
+# worker lease expired was lost with its worker, and so was one whose claim
+# ended but whose outcome never reached its row (the worker died between the
+# two writes): handed on again, it meets its claim, which records it or runs
+# it again as a new attempt.
 _ELIGIBLE = """(
     runs.state = 'scheduled'
     OR (runs.state = 'dispatched' AND runs.fence < :fence)
     OR (runs.state = 'running' AND EXISTS (
         SELECT 1 FROM claims c WHERE c.run_id = runs.run_id
-        AND c.state = 'running' AND c.lease_expires_ms < :now))
+        AND (c.state != 'running' OR c.lease_expires_ms < :now)))
 )"""
 
 _ELIGIBLE_QMARK = _ELIGIBLE.replace(":fence", "?").replace(":now", "?")
@@ -60,7 +63,7 @@ class SQLiteScheduleStore:
 
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         if self.add_jobs([(job, partition, jitter_ms, first)], now_ms):
-            raise JobExists(f"job {job.id!r} already exists")
+            raise JobExists.for_state(job.id, self.get_job(job.id).state)
         return self.get_job(job.id)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
@@ -99,8 +102,12 @@ class SQLiteScheduleStore:
                 raise JobNotFound(f"no job {job.id!r}")
             if row[0] != "active":
                 raise JobNotActive(f"job {job.id!r} is {row[0]}")
+            # A run handed on but not started belongs to the old schedule:
+            # the worker would read the new spec when it starts it, so it is
+            # cancelled with the pending ones (run_started then refuses it).
             conn.execute(
-                "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND state = 'scheduled'",
+                "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ?"
+                " AND state IN ('scheduled', 'dispatched')",
                 (now_ms, job.id),
             )
             conn.execute(
@@ -285,7 +292,8 @@ class SQLiteScheduleStore:
     ) -> None:
         with self.db.transaction() as conn:
             conn.execute(
-                "UPDATE runs SET state = ?, ended_at_ms = ?, error = ?, result = ? WHERE run_id = ?",
+                "UPDATE runs SET state = ?, ended_at_ms = ?, error = ?, result = ? WHERE run_id = ?"
+                " AND state != 'succeeded'",
                 (state, now_ms, error, result, record.run_id),
             )
 

@@ -156,6 +156,10 @@ class Executor:
                     self._running[execution.holder] = execution.record.idempotency_key
         for execution, claim in zip(executions, claims, strict=True):
             if claim.outcome is ClaimOutcome.SUCCEEDED:
+                # Its history may not say so: the node that ran it may have
+                # died after completing the claim (_record). A history that
+                # says succeeded already keeps its record.
+                self.store.run_finished(execution.record, "succeeded", None, claim.result, now_ms)
                 log.info("skipped %s: %s already succeeded", execution.record.job_id, execution.record.idempotency_key)
             elif claim.outcome is ClaimOutcome.BUSY:
                 log.info("waiting on %s: it runs elsewhere under a live lease", execution.record.idempotency_key)
@@ -196,16 +200,20 @@ class Executor:
         return Ended("succeeded" if outcome.succeeded else "failed", outcome.error, outcome.result, self.clock.now_ms())
 
     def _record(self, executions: Sequence[Execution]) -> None:
-        """Record each run's end in its history, then on its claim; both
+        """Record each run's end on its claim, then in its history; both
         writes are idempotent, so an attempt that failed halfway is simply
-        repeated."""
+        repeated. The claim first: it is what decides whether a redelivery
+        runs the run again. A node dying between the two leaves a claim that
+        says succeeded, and the redelivery copies its result to the history
+        (_claim); the other order left a history saying succeeded and a
+        running claim whose lease ran out, and the run was run again."""
         ended = [(e, e.ended) for e in executions if e.ended is not None]
-        for execution, end in ended:
-            if end.state is not None:
-                self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
         for execution, end in ended:
             succeeded = end.state != "failed"
             self.claims.complete(execution.record.idempotency_key, execution.holder, succeeded, end.result, end.at_ms)
+        for execution, end in ended:
+            if end.state is not None:
+                self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
         for execution, end in ended:
             self.count(end.state if end.state in ("succeeded", "failed") else "cancelled")
             job_id = execution.record.job_id
