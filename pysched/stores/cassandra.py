@@ -44,10 +44,11 @@ from pysched.protocols import (
     JobExists,
     JobNotActive,
     JobNotFound,
+    JobPlanState,
     JobRecord,
+    NextRuns,
     PartitionsMismatch,
     PlannedRun,
-    PlanNext,
     Registration,
     Run,
     RunRecord,
@@ -563,16 +564,30 @@ class CassandraScheduleStore:
                     rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, 1, r.attempt_group)
         return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
+    def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
+        ids = list(job_ids)
+        out: dict[str, JobPlanState] = {}
+        results = execute_concurrent_with_args(self.session, self._get_job, [(j,) for j in ids], concurrency=64)
+        for job_id, (ok, result) in zip(ids, results, strict=True):
+            if not ok:
+                raise result
+            row = result.one()
+            if row is not None and row.state == "active":
+                out[job_id] = JobPlanState(
+                    Job.model_validate_json(row.spec), row.partition, row.jitter_ms, row.next_run_at_ms
+                )
+        return out
+
     def finish_dispatch(
-        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, next_runs: NextRuns
     ) -> list[Run]:
         if rows:
             self._concurrent(
                 self._mark_dispatched,
                 [(fences[r.partition], now_ms, r.job_id, r.run_at_ms, r.attempt_group) for r in rows],
             )
-        planned = self._plan(rows, now_ms, plan_next)
-        # Only now, with the next runs planned, may the watermarks move; in
+        stored = self._store_next(next_runs, now_ms)
+        # Only now, with the next runs stored, may the watermarks move; in
         # steps of a few seconds, which a new leader sends again at most.
         moves = [
             (through, fences[p], p, fences[p], through)
@@ -582,54 +597,26 @@ class CassandraScheduleStore:
         self._concurrent(self._set_watermark, moves)
         for through_ms, _, p, _, _ in moves:
             self._wm_cache[p] = through_ms
-        return planned
+        return stored
 
-    def _plan(self, rows: Sequence[Run], now_ms: int, plan_next: PlanNext) -> list[Run]:
-        job_ids = sorted({r.job_id for r in rows})
-        if not job_ids:
-            return []
-        jobs = {}
-        for (job_id,), (ok, result) in zip(
-            [(j,) for j in job_ids],
-            execute_concurrent_with_args(self.session, self._get_job, [(j,) for j in job_ids], concurrency=64),
-            strict=True,
-        ):
-            if not ok:
-                raise result
-            row = result.one()
-            if row is not None:
-                jobs[job_id] = row
-        planned: list[Run] = []
-        completed: list[str] = []
+    def _store_next(self, next_runs: NextRuns, now_ms: int) -> list[Run]:
+        stored: list[Run] = []
         batches: list[tuple[BatchStatement, None]] = []
-        for r in rows:
-            job_row = jobs.get(r.job_id)
-            if job_row is None or job_row.state != "active":
-                continue
-            if job_row.next_run_at_ms is not None and job_row.next_run_at_ms > r.run_at_ms:
-                continue  # a re-send: its next run was planned the first time
-            job = Job.model_validate_json(job_row.spec)
-            nxt = plan_next(job, job_row.jitter_ms, r.run_at_ms, now_ms)
-            if nxt is None:
-                completed.append(r.job_id)
-                continue
+        for nxt in next_runs.runs:
             batch = BatchStatement(batch_type=BatchType.LOGGED)
-            self._add_run_rows(batch, r.job_id, job_row.partition, nxt)
+            self._add_run_rows(batch, nxt.job_id, nxt.partition, nxt.run)
             # Not the state: a cancel racing this must stay a cancel.
-            batch.add(self._set_next, (nxt.run_at_ms, nxt.due_ms, now_ms, r.job_id))
+            batch.add(self._set_next, (nxt.run.run_at_ms, nxt.run.due_ms, now_ms, nxt.job_id))
             batches.append((batch, None))
-            planned.append(
-                Run(
-                    run_id_for(r.job_id, nxt.run_at_ms, 0), r.job_id, nxt.run_at_ms, nxt.due_ms, job_row.partition, 1, 0
-                )
-            )
+            run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
+            stored.append(Run(run_id, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0))
         for ok, result in execute_concurrent(self.session, batches, concurrency=128):
             if not ok:
                 raise result
         # A plain write, all at once: a one-shot whose run was sent is done, and
         # a burst of 50,000 of them cannot wait on one Paxos round each.
-        self._concurrent(self._complete_job, [(now_ms, job_id) for job_id in completed])
-        return planned
+        self._concurrent(self._complete_job, [(now_ms, job_id) for job_id in next_runs.completed])
+        return stored
 
     # -- the worker's side ----------------------------------------------------
 
