@@ -88,6 +88,18 @@ class Run(NamedTuple):
     attempt_group: int
 
 
+def delivery_for(handed_attempt: int, handed_fence: int | None, fence: int) -> int:
+    """The attempt a leader holding ``fence`` reads for a run last handed on
+    at ``handed_attempt`` (0: never) under ``handed_fence``: its own send
+    comes back unchanged (the leader skips it); a predecessor's is handed on
+    again, as the next delivery."""
+    if handed_attempt <= 0:
+        return 1
+    if handed_fence is not None and handed_fence >= fence:
+        return handed_attempt
+    return handed_attempt + 1
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
@@ -204,7 +216,10 @@ class ScheduleStore(Protocol):
         leader must hand on: not yet handed on, or handed on by a predecessor
         whose work may have died with it. A store whose watermark trails
         "now" may also return runs handed on in the last seconds; the leader
-        skips those it sent itself."""
+        skips those it sent itself. Each run's ``attempt`` is the delivery
+        it would be (``delivery_for``): one more than the attempt last handed
+        on under an older fence, 1 if none was, and the same attempt again
+        for a run handed on under the reader's own fence."""
         ...
 
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:

@@ -192,6 +192,25 @@ def test_a_resend_plans_nothing_twice(backend: Backend) -> None:
     assert [(r.run_id, r.due_ms) for r in later] == [(planned.run_id, T0 + 120_000)]
 
 
+def test_a_run_read_again_by_a_new_leader_is_its_next_attempt(backend: Backend) -> None:
+    store = backend.store
+    store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 100)
+    assert sent.attempt == 1
+    # Its own leader reads it again (if at all) as the attempt it sent: it
+    # skips it.
+    assert [r.attempt for r in store.due_runs(every(1), T0 + 60_000, T0 + 200)] in ([], [1])
+    for p in range(4):
+        store.raise_fence(p, 2)
+    (again,) = store.due_runs(every(2), T0 + 60_000, T0 + 300)
+    assert (again.run_id, again.attempt) == (sent.run_id, 2)
+    record_sent(store, [again], every(2), {}, T0 + 300)
+    assert [(r.state, r.attempt) for r in store.history("o")] == [("dispatched", 2)]
+    # A run rejected for the old fence and handed back is not a third delivery.
+    store.hand_back(record(sent, 1), T0 + 400)
+    assert [r.attempt for r in store.due_runs(every(2), T0 + 60_000, T0 + 500)] in ([], [2])
+
+
 def test_a_job_rescheduled_to_an_earlier_time_keeps_its_schedule(backend: Backend) -> None:
     # The embedded store's own rule took the cancelled later run for the next
     # one already planned, and the job never fired again.

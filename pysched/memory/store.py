@@ -43,6 +43,7 @@ from pysched.protocols import (
     Registration,
     Run,
     RunRecord,
+    delivery_for,
     is_near,
 )
 from pysched.records import DispatchRecord, idempotency_key
@@ -102,6 +103,9 @@ class ScheduleRow:
     job_id: str
     run_at_ms: int
     attempt_group: int
+    # The delivery last handed on and its leader's fence (0, None: none yet).
+    attempt: int = 0
+    fence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +318,16 @@ class MemoryScheduleStore:
             # A second schedule row, ahead of any watermark; the first stays.
             due = now_ms + HAND_BACK_MS
             self.tables.put_schedule(
-                ScheduleRow(record.partition, due, record.run_id, record.job_id, record.run_at_ms, record.attempt_group)
+                ScheduleRow(
+                    record.partition,
+                    due,
+                    record.run_id,
+                    record.job_id,
+                    record.run_at_ms,
+                    record.attempt_group,
+                    record.attempt,
+                    record.fence,
+                )
             )
             self.tables.bump(record.partition)
             return True
@@ -332,10 +345,15 @@ class MemoryScheduleStore:
                 start = marks.get(p, now_ms - SETTLE_MS)
                 for r in self.tables.read_schedule(p, start, horizon_ms):
                     # A run handed back has a second row: it is due once, at
-                    # the earlier.
+                    # the earlier, as the latest delivery either says.
+                    attempt = delivery_for(r.attempt, r.fence, fences[p])
                     known = rows.get(r.run_id)
-                    if known is None or r.due_ms < known.due_ms:
-                        rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, 1, r.attempt_group)
+                    if known is not None:
+                        attempt = max(attempt, known.attempt)
+                        if known.due_ms <= r.due_ms:
+                            rows[r.run_id] = known._replace(attempt=attempt)
+                            continue
+                    rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, attempt, r.attempt_group)
             return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
@@ -352,8 +370,8 @@ class MemoryScheduleStore:
         self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, next_runs: NextRuns
     ) -> list[Run]:
         with self._op("finish_dispatch"):
-            for _, job_id, run_at_ms, due_ms, partition, _, group in rows:
-                self._mark_dispatched(job_id, run_at_ms, group, due_ms, partition, fences[partition], now_ms)
+            for run in rows:
+                self._mark_dispatched(run, fences[run.partition], now_ms)
             stored = self._store_next(next_runs, now_ms)
             for p, through in marks.items():
                 if self._wm_cache.get(p, -1) < through - WATERMARK_STEP_MS:
@@ -363,14 +381,20 @@ class MemoryScheduleStore:
                     self._wm_cache[p] = through
             return stored
 
-    def _mark_dispatched(
-        self, job_id: str, run_at_ms: int, group: int, due_ms: int, partition: int, fence: int, now_ms: int
-    ) -> None:
-        key = (run_at_ms, group)
-        row = self.tables.runs.get(job_id, {}).get(key)
+    def _mark_dispatched(self, run: Run, fence: int, now_ms: int) -> None:
+        key = (run.run_at_ms, run.attempt_group)
+        row = self.tables.runs.get(run.job_id, {}).get(key)
         if row is None:  # an update creates the row on Cassandra
-            row = RunRow(job_id, run_at_ms, group, run_id_for(job_id, run_at_ms, group), due_ms, partition, "scheduled")
-        self.tables.upsert_run(job_id, key, replace(row, fence=fence, dispatched_at_ms=now_ms))
+            row = RunRow(
+                run.job_id, run.run_at_ms, run.attempt_group, run.run_id, run.due_ms, run.partition, "scheduled"
+            )
+        self.tables.upsert_run(run.job_id, key, replace(row, fence=fence, dispatched_at_ms=now_ms, attempt=run.attempt))
+        # On Cassandra an update of a schedule row deleted meanwhile (its run
+        # was cancelled) leaves a row with no run, which due_runs skips: as
+        # if nothing were written.
+        sched = self.tables.schedule.get((run.partition, run.due_ms, run.run_id))
+        if sched is not None:
+            self.tables.put_schedule(replace(sched, attempt=run.attempt, fence=fence))
 
     def _store_next(self, next_runs: NextRuns, now_ms: int) -> list[Run]:
         # As the Cassandra store: the next run and the job's pointer to it
