@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
 from pysched import cron, native
 from pysched.model import CronSchedule, Job, OnceSchedule
-from pysched.protocols import PlannedRun
+from pysched.protocols import JobPlanState, NextRun, NextRuns, PlannedRun, Run
 
 
 def partition_for(job_id: str, partitions: int) -> int:
@@ -47,3 +50,34 @@ def next_run(job: Job, jitter_ms: int, run_at_ms: int, now_ms: int) -> PlannedRu
         return None
     nxt = cron.next_after(job.schedule.expr, job.schedule.tz, max(run_at_ms, now_ms - jitter_ms - 1))
     return None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)
+
+
+def is_resend(state: JobPlanState, run_at_ms: int) -> bool:
+    """Whether the run at ``run_at_ms`` was handed on before (by a leader
+    that died, or to a worker that did): the job's next run is already
+    later, planned when it was first handed on."""
+    return state.next_run_at_ms is not None and state.next_run_at_ms > run_at_ms
+
+
+def plan_after_dispatch(rows: Sequence[Run], jobs: Mapping[str, JobPlanState], now_ms: int) -> NextRuns:
+    """What follows the runs of a batch handed on, in the order sent: for
+    each, nothing if its job is not active (absent from ``jobs``) or it is a
+    re-send (``is_resend``); else the job's next run, or its completion when
+    no run is to come (a one-shot, a finished schedule). A job with several
+    runs in the batch is judged by what its earlier runs planned."""
+    states = dict(jobs)
+    planned: dict[str, NextRun] = {}
+    completed: dict[str, None] = {}
+    for row in rows:
+        state = states.get(row.job_id)
+        if state is None or is_resend(state, row.run_at_ms):
+            continue
+        nxt = next_run(state.job, state.jitter_ms, row.run_at_ms, now_ms)
+        if nxt is None:
+            completed[row.job_id] = None
+            planned.pop(row.job_id, None)
+            del states[row.job_id]
+            continue
+        planned[row.job_id] = NextRun(row.job_id, state.partition, nxt)
+        states[row.job_id] = replace(state, next_run_at_ms=nxt.run_at_ms)
+    return NextRuns(list(planned.values()), list(completed))

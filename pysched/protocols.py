@@ -7,7 +7,7 @@ backend module is imported only where a node is assembled.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -88,8 +88,25 @@ class Run(NamedTuple):
     run_at_ms: int  # the schedule's time: part of the idempotency key
     due_ms: int
     partition: int
-    attempt: int  # the delivery this is: 1 for the first
-    attempt_group: int  # part of the idempotency key
+    # The delivery number of this logical run: 1 when it is first handed on,
+    # one more each time it is handed on again (re-sent by a new leader after
+    # a failover, handed back after a fence rejection, or handed on again
+    # after its worker's claim lease died). Never part of the key.
+    attempt: int
+    # Part of the idempotency key: 0 for a schedule time's first logical run.
+    attempt_group: int
+
+
+def delivery_for(handed_attempt: int, handed_fence: int | None, fence: int) -> int:
+    """The attempt a leader holding ``fence`` reads for a run last handed on
+    at ``handed_attempt`` (0: never) under ``handed_fence``: its own send
+    comes back unchanged (the leader skips it); a predecessor's is handed on
+    again, as the next delivery."""
+    if handed_attempt <= 0:
+        return 1
+    if handed_fence is not None and handed_fence >= fence:
+        return handed_attempt
+    return handed_attempt + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +136,37 @@ class RunRecord:
     result: str | None
 
 
-# Given a job, its jitter, the run_at just dispatched and now: the next run.
-PlanNext = Callable[[Job, int, int, int], PlannedRun | None]
+@dataclass(frozen=True, slots=True)
+class JobPlanState:
+    """What planning needs of an active job once one of its runs was handed on."""
+
+    job: Job
+    partition: int
+    jitter_ms: int
+    # The schedule time of the run planned last for the job (by its
+    # registration, a reschedule, or the dispatch of the run before it);
+    # None when the store knows of none.
+    next_run_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NextRun:
+    job_id: str
+    partition: int
+    run: PlannedRun
+
+
+@dataclass(frozen=True, slots=True)
+class NextRuns:
+    """What the core decided for the jobs of a batch handed on: the store
+    records it, and decides nothing."""
+
+    # Each job's next run, to be stored with the job's next-run pointer.
+    runs: list[NextRun]
+    # Jobs with no run to come: they complete.
+    completed: list[str]
+
+
 # (job, partition, jitter_ms, first run): one job of a bulk registration.
 Registration = tuple[Job, int, int, PlannedRun | None]
 # Partition -> the fence its leader holds.
@@ -181,20 +227,31 @@ class ScheduleStore(Protocol):
         leader must hand on: not yet handed on, or handed on by a predecessor
         whose work may have died with it. A store whose watermark trails
         "now" may also return runs handed on in the last seconds; the leader
-        skips those it sent itself."""
+        skips those it sent itself. Each run's ``attempt`` is the delivery
+        it would be (``delivery_for``): one more than the attempt last handed
+        on under an older fence, 1 if none was, and the same attempt again
+        for a run handed on under the reader's own fence."""
+        ...
+
+    def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
+        """The active jobs among ``job_ids``, as planning their next runs
+        needs them; a cancelled, completed or unknown job is left out. One
+        read per job at most: the recorder asks once per batch."""
         ...
 
     def finish_dispatch(
-        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, next_runs: NextRuns
     ) -> list[Run]:
         """After the dispatcher has the rows durably: record them handed on
-        (a run a worker already started, or one cancelled meanwhile, keeps its
-        state), plan each recurring job's next run, then move the watermarks
-        of the partitions in ``marks`` up to the due time given (never back,
-        and never for a fence older than the partition's). The caller vouches
-        that every run of those partitions due by then has been handed on (an
-        empty ``rows`` says so for quiet partitions). Returns the runs it
-        planned."""
+        at their attempt (a run a worker already started, or one cancelled
+        meanwhile, keeps its state); record ``next_runs``, as the core planned
+        them from ``planning_state`` (a job cancelled meanwhile stays
+        cancelled); then move the watermarks of the partitions in ``marks``
+        up to the due time given (never back, and never for a fence older
+        than the partition's). The caller vouches that every run of those
+        partitions due by then has been handed on (an empty ``rows`` says so
+        for quiet partitions). Returns the next runs it stored, with their
+        ids."""
         ...
 
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from pysched.clock import Clock, ManualClock, SystemClock
+from pysched.leader.recording import record_sent
 from pysched.memory import open_memory
 from pysched.memory.claims import MemoryClaims
 from pysched.model import Job
 from pysched.node import open_cluster, open_embedded
-from pysched.planning import next_run
 from pysched.protocols import (
     SETTLE_MS,
     ClaimOutcome,
@@ -117,7 +117,7 @@ def due(backend: Backend, horizon: int, fence: int, now: int) -> list[tuple[int,
 def dispatch(backend: Backend, horizon: int, fence: int, now: int) -> tuple[list[Run], list[Run]]:
     """One leader step: everything due, begun, (published,) finished."""
     sent = [r for r in backend.store.due_runs(every(fence), horizon, now) if r.due_ms <= now]
-    planned = backend.store.finish_dispatch(sent, every(fence), read_through(now), now, next_run)
+    planned = record_sent(backend.store, sent, every(fence), read_through(now), now)
     return sent, planned
 
 
@@ -170,9 +170,56 @@ def test_dispatch_hands_each_run_on_once_and_plans_the_next(backend: Backend) ->
     # Once the leader says nothing is left unsent up to a later now, the store
     # never hands the run out again (within the settle window it may: the
     # leader skips what it sent itself).
-    backend.store.finish_dispatch([], every(1), read_through(T0 + 75_000), T0 + 75_000, next_run)
+    record_sent(backend.store, [], every(1), read_through(T0 + 75_000), T0 + 75_000)
     assert due(backend, T0 + 180_000, 1, T0 + 75_000) == [(planned[0].run_id, T0 + 120_000)]
     assert backend.store.watermarks()[2] >= T0 + 60_000 - 10_000
+
+
+def test_a_resend_plans_nothing_twice(backend: Backend) -> None:
+    # One rule, in the core (planning.is_resend), for every engine: a run
+    # handed on again by a new leader finds its job's next run already
+    # planned, and plans no other.
+    job = cron_job("minutely", "0 * * * * *")
+    backend.store.add_job(job, 2, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0)
+    (first,), (planned,) = dispatch(backend, T0 + 120_000, 1, T0 + 60_001)
+    for p in range(4):
+        backend.store.raise_fence(p, 2)
+    again = [r for r in backend.store.due_runs(every(2), T0 + 120_000, T0 + 60_100) if r.run_id == first.run_id]
+    assert len(again) == 1
+    assert record_sent(backend.store, again, every(2), {}, T0 + 60_100) == []
+    assert backend.store.get_job("minutely").next_run == PlannedRun(T0 + 120_000, T0 + 120_000)
+    later = [r for r in backend.store.due_runs(every(2), T0 + 180_000, T0 + 60_200) if r.run_id != first.run_id]
+    assert [(r.run_id, r.due_ms) for r in later] == [(planned.run_id, T0 + 120_000)]
+
+
+def test_a_run_read_again_by_a_new_leader_is_its_next_attempt(backend: Backend) -> None:
+    store = backend.store
+    store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 100)
+    assert sent.attempt == 1
+    # Its own leader reads it again (if at all) as the attempt it sent: it
+    # skips it.
+    assert [r.attempt for r in store.due_runs(every(1), T0 + 60_000, T0 + 200)] in ([], [1])
+    for p in range(4):
+        store.raise_fence(p, 2)
+    (again,) = store.due_runs(every(2), T0 + 60_000, T0 + 300)
+    assert (again.run_id, again.attempt) == (sent.run_id, 2)
+    record_sent(store, [again], every(2), {}, T0 + 300)
+    assert [(r.state, r.attempt) for r in store.history("o")] == [("dispatched", 2)]
+    # A run rejected for the old fence and handed back is not a third delivery.
+    store.hand_back(record(sent, 1), T0 + 400)
+    assert [r.attempt for r in store.due_runs(every(2), T0 + 60_000, T0 + 500)] in ([], [2])
+
+
+def test_a_job_rescheduled_to_an_earlier_time_keeps_its_schedule(backend: Backend) -> None:
+    # The embedded store's own rule took the cancelled later run for the next
+    # one already planned, and the job never fired again.
+    backend.store.add_job(cron_job("m", "0 * * * * *"), 0, 0, PlannedRun(T0 + 300_000, T0 + 300_000), T0)
+    backend.store.reschedule(cron_job("m", "0 * * * * *"), 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0 + 1)
+    sent, planned = dispatch(backend, T0 + 120_000, 1, T0 + 60_001)
+    assert [r.run_at_ms for r in sent] == [T0 + 60_000]
+    assert [r.run_at_ms for r in planned] == [T0 + 120_000]
+    assert backend.store.get_job("m").next_run == PlannedRun(T0 + 120_000, T0 + 120_000)
 
 
 def test_a_run_registered_late_for_its_time_still_fires(backend: Backend) -> None:
@@ -212,7 +259,7 @@ def test_a_stale_leaders_record_hides_nothing_from_its_successor(backend: Backen
     assert [r.job_id for r in rows] == ["o"]
     for p in range(4):
         backend.store.raise_fence(p, 2)  # the successor's fence, published before it reads
-    backend.store.finish_dispatch(list(rows), every(1), read_through(T0 + 30_000), T0 + 30_000, next_run)
+    record_sent(backend.store, list(rows), every(1), read_through(T0 + 30_000), T0 + 30_000)
     assert [r.job_id for r in backend.store.due_runs(every(2), T0 + 90_000, T0 + 30_100)] == ["o"]
 
 

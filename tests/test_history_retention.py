@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from pysched.leader.recording import record_sent
 from pysched.model import Job
 from pysched.node import open_embedded
-from pysched.planning import next_run, partition_for
+from pysched.planning import partition_for
 from pysched.protocols import PlannedRun
 from pysched.records import DispatchRecord
 from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
@@ -39,7 +40,7 @@ def old_history(db_path: Path, runs: int = 5) -> None:
         for k in range(runs):
             now = start + k * HOUR_MS
             rows = list(store.due_runs(fences, now + 1, now))
-            store.finish_dispatch(rows, fences, {}, now, next_run)
+            record_sent(store, rows, fences, {}, now)
             for row in rows:
                 record = DispatchRecord(*row, 1, now)
                 store.run_started(record, "w", now)

@@ -9,6 +9,7 @@ from pathlib import Path
 from pysched import native
 from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
+from pysched.leader.recording import record_sent
 from pysched.model import Job
 from pysched.node import open_embedded
 from pysched.planning import next_run
@@ -99,7 +100,7 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     rows = backends.store.due_runs(old, T0 + 60_000, T0 + 100)
     sent = list(rows)
     stale_payload = native.encode_batch(sent, old[0], T0 + 100)[0]
-    backends.store.finish_dispatch(sent, old, {}, T0 + 100, next_run)
+    record_sent(backends.store, sent, old, {}, T0 + 100)
     # The old leader pauses past its lease; another node takes over.
     new = backends.coordinator.poll("new", T0 + 5_000)
     assert new and all(new[p] > old[p] for p in old)
@@ -110,7 +111,7 @@ def test_a_stale_leaders_dispatch_is_fenced(tmp_path: Path) -> None:
     # The new leader hands the run on again under its fence and it runs once.
     again = backends.store.due_runs(new, T0 + 60_000, T0 + 5_000)
     sent = list(again)
-    backends.store.finish_dispatch(sent, new, {}, T0 + 5_000, next_run)
+    record_sent(backends.store, sent, new, {}, T0 + 5_000)
     payload = native.encode_batch(sent, new[0], T0 + 5_000)[0]
     assert pool.handle(payload) is ClaimOutcome.CLAIMED
     assert pool.handle(payload) is ClaimOutcome.SUCCEEDED

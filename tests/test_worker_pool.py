@@ -14,9 +14,9 @@ import pytest
 from pysched import native
 from pysched.clock import SystemClock
 from pysched.dispatch.inprocess import InProcessConsumer, InProcessDispatcher
+from pysched.leader.recording import record_sent
 from pysched.model import Job
 from pysched.node import Backends, open_embedded
-from pysched.planning import next_run
 from pysched.protocols import Claim, ClaimOutcome, Delivery, IdempotencyClaims
 from pysched.records import DispatchRecord
 from pysched.registry import register
@@ -151,7 +151,7 @@ def _dispatched(backends: Backends, jobs: list[Job]) -> list[bytes]:
         register(backends.store, job, now)
     fences = backends.coordinator.poll("leader", now)
     rows = backends.store.due_runs(fences, now + 60_000, now)
-    backends.store.finish_dispatch(rows, fences, {}, now, next_run)
+    record_sent(backends.store, rows, fences, {}, now)
     rows.sort(key=lambda row: [j.id for j in jobs].index(row.job_id))
     return [native.encode_batch([row], fences[row.partition], now)[0] for row in rows]
 

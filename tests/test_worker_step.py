@@ -12,10 +12,10 @@ import pytest
 
 from pysched import native
 from pysched.clock import ManualClock
+from pysched.leader.recording import record_sent
 from pysched.memory import MemoryCluster, MemoryNode, open_memory
 from pysched.memory.faults import FaultInjector, FaultPoint, Phase, ScriptedFault
 from pysched.model import Job
-from pysched.planning import next_run
 from pysched.protocols import ClaimOutcome
 from pysched.records import DispatchRecord
 from pysched.registry import register
@@ -76,7 +76,7 @@ class World:
             register(store, _job(job_id), now)
         fences = self.leader.coordinator.poll("leader", now)
         rows = store.due_runs(fences, now + 60_000, now)
-        store.finish_dispatch(rows, fences, {}, now, next_run)
+        record_sent(store, rows, fences, {}, now)
         rows.sort(key=lambda row: job_ids.index(row.job_id))
         payloads = [native.encode_batch([row], fences[row.partition], now)[0] for row in rows]
         self.leader.dispatcher.publish([row.partition for row in rows], payloads)

@@ -7,8 +7,9 @@ every 10 ms, and hands due runs on in batches:
 
 1. ``dispatcher.publish``: returns once the records are handed on (Kafka:
    acknowledged by the broker; in process: queued);
-2. ``store.finish_dispatch``: the runs are recorded as handed on, the next
-   runs of recurring jobs planned, and only then do the partitions'
+2. ``store.finish_dispatch``: the runs are recorded as handed on with the
+   next runs the core planned from ``store.planning_state`` (a re-send plans
+   nothing: ``planning.is_resend``), and only then do the partitions'
    watermarks move past the batch, no further than the leader has read.
 
 A crash anywhere in between makes the next leader send a run again, never

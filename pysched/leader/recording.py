@@ -1,5 +1,5 @@
-"""Recording: telling the store what was handed on, so that the next runs
-get planned and the watermarks move.
+"""Recording: telling the store what was handed on, with the next runs the
+core planned for it, so that the watermarks move.
 
 Off the tick thread in production: a burst's 50,000 store writes must not
 hold up the next fire. Batches are recorded in the order they were sent."""
@@ -9,12 +9,12 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pysched.leader.config import LeaderConfig, RunDispatched
-from pysched.planning import next_run
-from pysched.protocols import Run, ScheduleStore
+from pysched.planning import plan_after_dispatch
+from pysched.protocols import Fences, Run, ScheduleStore
 
 log = logging.getLogger("pysched.leader")
 
@@ -28,6 +28,16 @@ class SentBatch:
     fences: dict[int, int]
     marks: dict[int, int]
     sent_at: int
+
+
+def record_sent(
+    store: ScheduleStore, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int
+) -> list[Run]:
+    """Record ``rows`` handed on at ``now_ms``: the store is read once for
+    their jobs, the core plans what follows them, the store records both.
+    Returns the next runs stored."""
+    jobs = store.planning_state({row.job_id for row in rows}) if rows else {}
+    return store.finish_dispatch(rows, fences, marks, now_ms, plan_after_dispatch(rows, jobs, now_ms))
 
 
 class Recorder:
@@ -85,7 +95,7 @@ class Recorder:
             self._tell(batch)
             self._told = True
         try:
-            planned = self.store.finish_dispatch(batch.rows, batch.fences, batch.marks, batch.sent_at, next_run)
+            planned = record_sent(self.store, batch.rows, batch.fences, batch.marks, batch.sent_at)
         except Exception as exc:
             self._failures += 1
             delay = self.config.backoff_ms(self._failures)

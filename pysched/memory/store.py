@@ -36,12 +36,14 @@ from pysched.protocols import (
     JobExists,
     JobNotActive,
     JobNotFound,
+    JobPlanState,
     JobRecord,
+    NextRuns,
     PlannedRun,
-    PlanNext,
     Registration,
     Run,
     RunRecord,
+    delivery_for,
     is_near,
 )
 from pysched.records import DispatchRecord, idempotency_key
@@ -101,6 +103,9 @@ class ScheduleRow:
     job_id: str
     run_at_ms: int
     attempt_group: int
+    # The delivery last handed on and its leader's fence (0, None: none yet).
+    attempt: int = 0
+    fence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +319,16 @@ class MemoryScheduleStore:
             # A second schedule row, ahead of any watermark; the first stays.
             due = now_ms + HAND_BACK_MS
             self.tables.put_schedule(
-                ScheduleRow(record.partition, due, record.run_id, record.job_id, record.run_at_ms, record.attempt_group)
+                ScheduleRow(
+                    record.partition,
+                    due,
+                    record.run_id,
+                    record.job_id,
+                    record.run_at_ms,
+                    record.attempt_group,
+                    record.attempt,
+                    record.fence,
+                )
             )
             self.tables.bump(record.partition)
             return True
@@ -332,56 +346,74 @@ class MemoryScheduleStore:
                 start = marks.get(p, now_ms - SETTLE_MS)
                 for r in self.tables.read_schedule(p, start, horizon_ms):
                     # A run handed back has a second row: it is due once, at
-                    # the earlier.
+                    # the earlier, as the latest delivery either says.
+                    attempt = delivery_for(r.attempt, r.fence, fences[p])
                     known = rows.get(r.run_id)
-                    if known is None or r.due_ms < known.due_ms:
-                        rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, 1, r.attempt_group)
+                    if known is not None:
+                        attempt = max(attempt, known.attempt)
+                        if known.due_ms <= r.due_ms:
+                            rows[r.run_id] = known._replace(attempt=attempt)
+                            continue
+                    rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, attempt, r.attempt_group)
             return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
+    def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
+        with self._op("planning_state"):
+            out: dict[str, JobPlanState] = {}
+            for job_id in job_ids:
+                row = self.tables.jobs.get(job_id)
+                if row is not None and row.state == "active":
+                    nxt = None if row.next_run is None else row.next_run.run_at_ms
+                    out[job_id] = JobPlanState(row.job, row.partition, row.jitter_ms, nxt)
+            return out
+
     def finish_dispatch(
-        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, next_runs: NextRuns
     ) -> list[Run]:
         with self._op("finish_dispatch"):
-            for _, job_id, run_at_ms, due_ms, partition, _, group in rows:
-                self._mark_dispatched(job_id, run_at_ms, group, due_ms, partition, fences[partition], now_ms)
-            planned = self._plan(rows, now_ms, plan_next)
+            for run in rows:
+                self._mark_dispatched(run, fences[run.partition], now_ms)
+            stored = self._store_next(next_runs, now_ms)
             for p, through in marks.items():
                 if self._wm_cache.get(p, -1) < through - WATERMARK_STEP_MS:
                     self._move_watermark(p, through, fences[p])
                     # Assumed moved whether or not it applied, as the Cassandra
                     # client does.
                     self._wm_cache[p] = through
-            return planned
+            return stored
 
-    def _mark_dispatched(
-        self, job_id: str, run_at_ms: int, group: int, due_ms: int, partition: int, fence: int, now_ms: int
-    ) -> None:
-        key = (run_at_ms, group)
-        row = self.tables.runs.get(job_id, {}).get(key)
+    def _mark_dispatched(self, run: Run, fence: int, now_ms: int) -> None:
+        key = (run.run_at_ms, run.attempt_group)
+        row = self.tables.runs.get(run.job_id, {}).get(key)
         if row is None:  # an update creates the row on Cassandra
-            row = RunRow(job_id, run_at_ms, group, run_id_for(job_id, run_at_ms, group), due_ms, partition, "scheduled")
-        self.tables.upsert_run(job_id, key, replace(row, fence=fence, dispatched_at_ms=now_ms))
+            row = RunRow(
+                run.job_id, run.run_at_ms, run.attempt_group, run.run_id, run.due_ms, run.partition, "scheduled"
+            )
+        self.tables.upsert_run(run.job_id, key, replace(row, fence=fence, dispatched_at_ms=now_ms, attempt=run.attempt))
+        # On Cassandra an update of a schedule row deleted meanwhile (its run
+        # was cancelled) leaves a row with no run, which due_runs skips: as
+        # if nothing were written.
+        sched = self.tables.schedule.get((run.partition, run.due_ms, run.run_id))
+        if sched is not None:
+            self.tables.put_schedule(replace(sched, attempt=run.attempt, fence=fence))
 
-    def _plan(self, rows: Sequence[Run], now_ms: int, plan_next: PlanNext) -> list[Run]:
-        # The job rows as read before planning, as the Cassandra store does.
-        jobs = {r.job_id: self.tables.jobs[r.job_id] for r in rows if r.job_id in self.tables.jobs}
-        planned: list[Run] = []
-        for _, job_id, run_at_ms, *_ in rows:
-            job_row = jobs.get(job_id)
-            if job_row is None or job_row.state != "active":
-                continue
-            if job_row.next_run is not None and job_row.next_run.run_at_ms > run_at_ms:
-                continue  # a re-send: its next run was planned the first time
-            nxt = plan_next(job_row.job, job_row.jitter_ms, run_at_ms, now_ms)
-            current = self.tables.jobs[job_id]
-            if nxt is None:
+    def _store_next(self, next_runs: NextRuns, now_ms: int) -> list[Run]:
+        # As the Cassandra store: the next run and the job's pointer to it
+        # are written whatever the job's state now (its run rows are upserts
+        # and the pointer update sets no state), a completion plainly.
+        stored: list[Run] = []
+        for nxt in next_runs.runs:
+            self._write_run(nxt.job_id, nxt.partition, nxt.run)
+            current = self.tables.jobs.get(nxt.job_id)
+            if current is not None:
+                self.tables.jobs[nxt.job_id] = replace(current, next_run=nxt.run, updated_at_ms=now_ms)
+            run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
+            stored.append(Run(run_id, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0))
+        for job_id in next_runs.completed:
+            current = self.tables.jobs.get(job_id)
+            if current is not None:
                 self.tables.jobs[job_id] = replace(current, state="completed", next_run=None, updated_at_ms=now_ms)
-                continue
-            self._write_run(job_id, job_row.partition, nxt)
-            self.tables.jobs[job_id] = replace(current, next_run=nxt, updated_at_ms=now_ms)
-            run_id = run_id_for(job_id, nxt.run_at_ms, 0)
-            planned.append(Run(run_id, job_id, nxt.run_at_ms, nxt.due_ms, job_row.partition, 1, 0))
-        return planned
+        return stored
 
     def _move_watermark(self, partition: int, through_ms: int, fence: int) -> None:
         # IF fence <= f AND fired_through_ms < through: refused for a leader

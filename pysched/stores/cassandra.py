@@ -44,13 +44,15 @@ from pysched.protocols import (
     JobExists,
     JobNotActive,
     JobNotFound,
+    JobPlanState,
     JobRecord,
+    NextRuns,
     PartitionsMismatch,
     PlannedRun,
-    PlanNext,
     Registration,
     Run,
     RunRecord,
+    delivery_for,
     is_near,
 )
 from pysched.records import DispatchRecord, idempotency_key
@@ -131,8 +133,13 @@ SCHEMA = [
     "CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}",
     "CREATE TABLE IF NOT EXISTS {ks}.jobs (job_id text PRIMARY KEY, spec text, state text, partition int,"
     " jitter_ms bigint, created_at_ms bigint, updated_at_ms bigint, next_run_at_ms bigint, next_due_ms bigint)",
+    # attempt and fence: the delivery last handed on and its leader's fence,
+    # written when it is recorded, so that a new leader reading the row again
+    # hands the run on as the next delivery (protocols.delivery_for).
     "CREATE TABLE IF NOT EXISTS {ks}.schedule (time_bucket bigint, shard int, due_ms bigint, run_id bigint,"
-    " job_id text, run_at_ms bigint, attempt_group int, PRIMARY KEY ((time_bucket, shard), due_ms, run_id))",
+    " job_id text, run_at_ms bigint, attempt_group int, attempt int, fence bigint,"
+    " PRIMARY KEY ((time_bucket, shard), due_ms, run_id))",
+    "ALTER TABLE {ks}.schedule ADD IF NOT EXISTS (attempt int, fence bigint)",
     "CREATE TABLE IF NOT EXISTS {ks}.runs (job_id text, run_at_ms bigint, attempt_group int, run_id bigint,"
     " due_ms bigint, partition int, state text, attempt int, fence bigint, dispatched_at_ms bigint,"
     " started_at_ms bigint, ended_at_ms bigint, worker text, error text, result text,"
@@ -255,8 +262,12 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND run_at_ms = ?"
             " AND attempt_group = 0"
         )
+        self._hand_back_schedule = p(
+            f"INSERT INTO {ks}.schedule (time_bucket, shard, due_ms, run_id, job_id, run_at_ms, attempt_group,"
+            " attempt, fence) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
         self._bucket = p(
-            f"SELECT run_id, due_ms, job_id, run_at_ms, attempt_group FROM {ks}.schedule"
+            f"SELECT run_id, due_ms, job_id, run_at_ms, attempt_group, attempt, fence FROM {ks}.schedule"
             " WHERE time_bucket = ? AND shard = ? AND due_ms > ? AND due_ms < ?"
         )
         self._watermarks = p(f"SELECT partition, fired_through_ms FROM {ks}.watermarks")
@@ -270,8 +281,15 @@ class CassandraScheduleStore:
         self._changes = p(f"SELECT partition, n FROM {ks}.changes WHERE k = 0")
         self._bump = p(f"UPDATE {ks}.changes SET n = n + 1 WHERE k = 0 AND partition = ?")
         self._mark_dispatched = p(
-            f"UPDATE {ks}.runs SET fence = ?, dispatched_at_ms = ? WHERE job_id = ? AND run_at_ms = ?"
+            f"UPDATE {ks}.runs SET fence = ?, dispatched_at_ms = ?, attempt = ? WHERE job_id = ? AND run_at_ms = ?"
             " AND attempt_group = ?"
+        )
+        # An update, not an insert: a row deleted meanwhile (its run was
+        # cancelled) comes back with no run in it, which due_runs skips,
+        # rather than as the cancelled run.
+        self._mark_schedule = p(
+            f"UPDATE {ks}.schedule SET attempt = ?, fence = ? WHERE time_bucket = ? AND shard = ? AND due_ms = ?"
+            " AND run_id = ?"
         )
         self._complete_job = p(
             f"UPDATE {ks}.jobs SET state = 'completed', next_run_at_ms = null, next_due_ms = null, updated_at_ms = ?"
@@ -523,7 +541,7 @@ class CassandraScheduleStore:
             return False  # started, finished or cancelled since: nothing owed
         due = now_ms + HAND_BACK_MS
         self.session.execute(
-            self._insert_schedule,
+            self._hand_back_schedule,
             (
                 due // BUCKET_MS,
                 record.partition,
@@ -532,6 +550,8 @@ class CassandraScheduleStore:
                 record.job_id,
                 record.run_at_ms,
                 record.attempt_group,
+                record.attempt,
+                record.fence,
             ),
         )
         self.session.execute(self._bump, (record.partition,))
@@ -565,24 +585,54 @@ class CassandraScheduleStore:
             if not ok:
                 raise result
             for r in result:
+                if r.job_id is None:
+                    continue  # only the dispatch mark of a run cancelled meanwhile
                 # A run handed back has a second row, due later: the run is
-                # due once, at the earlier. Attempt 1: re-sends after a
-                # failover are not counted here.
+                # due once, at the earlier, as the latest delivery either says.
+                attempt = delivery_for(r.attempt or 0, r.fence, fences[p])
                 known = rows.get(r.run_id)
-                if known is None or r.due_ms < known.due_ms:
-                    rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, 1, r.attempt_group)
+                if known is not None:
+                    attempt = max(attempt, known.attempt)
+                    if known.due_ms <= r.due_ms:
+                        rows[r.run_id] = known._replace(attempt=attempt)
+                        continue
+                rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, attempt, r.attempt_group)
         return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
+    def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
+        ids = list(job_ids)
+        out: dict[str, JobPlanState] = {}
+        results = execute_concurrent_with_args(self.session, self._get_job, [(j,) for j in ids], concurrency=64)
+        for job_id, (ok, result) in zip(ids, results, strict=True):
+            if not ok:
+                raise result
+            row = result.one()
+            if row is not None and row.state == "active":
+                out[job_id] = JobPlanState(
+                    Job.model_validate_json(row.spec), row.partition, row.jitter_ms, row.next_run_at_ms
+                )
+        return out
+
     def finish_dispatch(
-        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, next_runs: NextRuns
     ) -> list[Run]:
         if rows:
-            self._concurrent(
-                self._mark_dispatched,
-                [(fences[r.partition], now_ms, r.job_id, r.run_at_ms, r.attempt_group) for r in rows],
-            )
-        planned = self._plan(rows, now_ms, plan_next)
-        # Only now, with the next runs planned, may the watermarks move; in
+            # One request per run, as before the attempt was kept: the run's
+            # history row and the schedule row a new leader reads again.
+            marks_batches: list[tuple[BatchStatement, None]] = []
+            for r in rows:
+                fence = fences[r.partition]
+                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                batch.add(self._mark_dispatched, (fence, now_ms, r.attempt, r.job_id, r.run_at_ms, r.attempt_group))
+                batch.add(
+                    self._mark_schedule, (r.attempt, fence, r.due_ms // BUCKET_MS, r.partition, r.due_ms, r.run_id)
+                )
+                marks_batches.append((batch, None))
+            for ok, result in execute_concurrent(self.session, marks_batches, concurrency=128):
+                if not ok:
+                    raise result
+        stored = self._store_next(next_runs, now_ms)
+        # Only now, with the next runs stored, may the watermarks move; in
         # steps of a few seconds, which a new leader sends again at most.
         moves = [
             (through, fences[p], p, fences[p], through)
@@ -592,54 +642,26 @@ class CassandraScheduleStore:
         self._concurrent(self._set_watermark, moves)
         for through_ms, _, p, _, _ in moves:
             self._wm_cache[p] = through_ms
-        return planned
+        return stored
 
-    def _plan(self, rows: Sequence[Run], now_ms: int, plan_next: PlanNext) -> list[Run]:
-        job_ids = sorted({r.job_id for r in rows})
-        if not job_ids:
-            return []
-        jobs = {}
-        for (job_id,), (ok, result) in zip(
-            [(j,) for j in job_ids],
-            execute_concurrent_with_args(self.session, self._get_job, [(j,) for j in job_ids], concurrency=64),
-            strict=True,
-        ):
-            if not ok:
-                raise result
-            row = result.one()
-            if row is not None:
-                jobs[job_id] = row
-        planned: list[Run] = []
-        completed: list[str] = []
+    def _store_next(self, next_runs: NextRuns, now_ms: int) -> list[Run]:
+        stored: list[Run] = []
         batches: list[tuple[BatchStatement, None]] = []
-        for r in rows:
-            job_row = jobs.get(r.job_id)
-            if job_row is None or job_row.state != "active":
-                continue
-            if job_row.next_run_at_ms is not None and job_row.next_run_at_ms > r.run_at_ms:
-                continue  # a re-send: its next run was planned the first time
-            job = Job.model_validate_json(job_row.spec)
-            nxt = plan_next(job, job_row.jitter_ms, r.run_at_ms, now_ms)
-            if nxt is None:
-                completed.append(r.job_id)
-                continue
+        for nxt in next_runs.runs:
             batch = BatchStatement(batch_type=BatchType.LOGGED)
-            self._add_run_rows(batch, r.job_id, job_row.partition, nxt)
+            self._add_run_rows(batch, nxt.job_id, nxt.partition, nxt.run)
             # Not the state: a cancel racing this must stay a cancel.
-            batch.add(self._set_next, (nxt.run_at_ms, nxt.due_ms, now_ms, r.job_id))
+            batch.add(self._set_next, (nxt.run.run_at_ms, nxt.run.due_ms, now_ms, nxt.job_id))
             batches.append((batch, None))
-            planned.append(
-                Run(
-                    run_id_for(r.job_id, nxt.run_at_ms, 0), r.job_id, nxt.run_at_ms, nxt.due_ms, job_row.partition, 1, 0
-                )
-            )
+            run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
+            stored.append(Run(run_id, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0))
         for ok, result in execute_concurrent(self.session, batches, concurrency=128):
             if not ok:
                 raise result
         # A plain write, all at once: a one-shot whose run was sent is done, and
         # a burst of 50,000 of them cannot wait on one Paxos round each.
-        self._concurrent(self._complete_job, [(now_ms, job_id) for job_id in completed])
-        return planned
+        self._concurrent(self._complete_job, [(now_ms, job_id) for job_id in next_runs.completed])
+        return stored
 
     # -- the worker's side ----------------------------------------------------
 

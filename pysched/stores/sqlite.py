@@ -13,9 +13,10 @@ from pysched.protocols import (
     JobExists,
     JobNotActive,
     JobNotFound,
+    JobPlanState,
     JobRecord,
+    NextRuns,
     PlannedRun,
-    PlanNext,
     Registration,
     Run,
     RunRecord,
@@ -225,10 +226,34 @@ class SQLiteScheduleStore:
         )
         return [Run(int(r), str(j), int(a), int(d), int(p), int(n), int(g)) for r, j, a, d, p, n, g in rows]
 
+    def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
+        conn = self.db.connection()
+        ids = list(job_ids)
+        out: dict[str, JobPlanState] = {}
+        for start in range(0, len(ids), _CHUNK):
+            # The job's next run: its newest run not cancelled, along the
+            # (job_id, run_at_ms, attempt_group) index. A run a worker took
+            # before its dispatch was recorded still counts as planned.
+            rows = conn.execute(
+                "SELECT j.job_id, j.spec, j.partition, j.jitter_ms, (SELECT r.run_at_ms FROM runs r"
+                " WHERE r.job_id = j.job_id AND r.attempt_group = 0 AND r.state != 'cancelled'"
+                " ORDER BY r.run_at_ms DESC LIMIT 1) FROM json_each(?) ids JOIN jobs j ON j.job_id = ids.value"
+                " WHERE j.state = 'active'",
+                (json.dumps(ids[start : start + _CHUNK]),),
+            ).fetchall()
+            for job_id, spec, partition, jitter_ms, next_run_at_ms in rows:
+                out[str(job_id)] = JobPlanState(
+                    Job.model_validate_json(spec),
+                    int(partition),
+                    int(jitter_ms),
+                    None if next_run_at_ms is None else int(next_run_at_ms),
+                )
+        return out
+
     def finish_dispatch(
-        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, plan_next: PlanNext
+        self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, next_runs: NextRuns
     ) -> list[Run]:
-        next_runs: list[Run] = []
+        stored: list[Run] = []
         with self.db.transaction() as conn:
             # Handed on before this mark (the in-process queue is no durable
             # step): a crash before this commit leaves the runs scheduled, and
@@ -238,32 +263,23 @@ class SQLiteScheduleStore:
                 " ELSE state END, fence = ?, dispatched_at_ms = ?, attempt = max(attempt, ?) WHERE run_id = ?",
                 [(fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
             )
-            jobs: dict[str, tuple[Job, str, int, int]] = {}
-            for _, job_id, run_at_ms, *_ in rows:
-                if job_id not in jobs:
-                    spec, state, partition, jitter_ms = conn.execute(
-                        "SELECT spec, state, partition, jitter_ms FROM jobs WHERE job_id = ?", (job_id,)
-                    ).fetchone()
-                    jobs[job_id] = (Job.model_validate_json(spec), state, partition, jitter_ms)
-                job, state, partition, jitter_ms = jobs[job_id]
-                if state != "active":
-                    continue
-                later = conn.execute(
-                    "SELECT 1 FROM runs WHERE job_id = ? AND run_at_ms > ? AND attempt_group = 0 LIMIT 1",
-                    (job_id, run_at_ms),
-                ).fetchone()
-                if later is not None:
-                    continue  # a re-dispatch: the next run was planned the first time
-                planned = plan_next(job, jitter_ms, run_at_ms, now_ms)
-                if planned is None:
-                    conn.execute(
-                        "UPDATE jobs SET state = 'completed', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id)
+            # Planned from a read before this transaction: a job cancelled or
+            # completed since keeps its state and gets no run.
+            for nxt in next_runs.runs:
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO runs (job_id, run_at_ms, due_ms, partition, state)"
+                    " SELECT ?, ?, ?, ?, 'scheduled' WHERE EXISTS"
+                    " (SELECT 1 FROM jobs WHERE job_id = ? AND state = 'active')",
+                    (nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, nxt.job_id),
+                )
+                if cur.rowcount == 1 and cur.lastrowid is not None:
+                    stored.append(
+                        Run(cur.lastrowid, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0)
                     )
-                    jobs[job_id] = (job, "completed", partition, jitter_ms)
-                    continue
-                run_id = self._insert_run(conn, job_id, partition, planned)
-                if run_id is not None:
-                    next_runs.append(Run(run_id, job_id, planned.run_at_ms, planned.due_ms, partition, 1, 0))
+            conn.executemany(
+                "UPDATE jobs SET state = 'completed', updated_at_ms = ? WHERE job_id = ? AND state = 'active'",
+                [(now_ms, job_id) for job_id in next_runs.completed],
+            )
             # Shown by `pysched status`; reads go by each run's state, never
             # by the watermark.
             marks_by_partition = dict(marks)
@@ -274,7 +290,7 @@ class SQLiteScheduleStore:
                 " DO UPDATE SET fired_through_ms = max(fired_through_ms, excluded.fired_through_ms)",
                 marks_by_partition.items(),
             )
-        return next_runs
+        return stored
 
     # -- the worker's side ----------------------------------------------------
 
