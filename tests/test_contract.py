@@ -537,6 +537,45 @@ def test_leadership_and_fences(backend: Backend) -> None:
     assert backend.claims.claim(record(row, a[3]), "w", T0, 1_000).outcome is ClaimOutcome.FENCED
 
 
+def forget_fast_path(backend: Backend) -> None:
+    """Lose what the claims' fast path holds, as Redis does on a restart
+    without persistence or a FLUSHALL. On the cluster only this test's
+    keyspace's keys go: the database is shared with other test runs, and
+    from this keyspace's side that is all a FLUSHALL takes."""
+    if isinstance(backend.claims, MemoryClaims):
+        backend.claims.tables.forget_fast_path()
+        return
+    claims: Any = backend.claims
+    for key in claims.redis.scan_iter(match=f"{claims.prefix}:*", count=1_000):
+        claims.redis.delete(key)
+
+
+def test_a_raised_fence_survives_the_fast_path_forgetting(backend: Backend) -> None:
+    if backend.name == "sqlite":
+        pytest.skip("the embedded claims keep their floors in the database itself: no fast path to lose")
+    backend.claims.raise_fence(2, 5)
+    forget_fast_path(backend)
+    stale = record((9, "job", T0, T0, 2, 1, 0), 4)
+    for _ in range(2):  # the first rejection must not teach the fast path the stale fence
+        outcome = backend.claims.claim(stale, "w", T0, 1_000)
+        assert (outcome.outcome, outcome.fence_floor) == (ClaimOutcome.FENCED, 5)
+    current = backend.claims.claim(record((9, "job", T0, T0, 2, 1, 0), 5), "w", T0, 1_000)
+    assert (current.outcome, current.fence_floor) == (ClaimOutcome.CLAIMED, 5)
+
+
+def test_the_authoritative_claim_refuses_a_stale_fence_the_fast_path_lets_through(backend: Backend) -> None:
+    # A leader paused inside raise_fence resumes after the fast path forgot:
+    # its late, lower raise is all the fast path now knows of partition 2.
+    # The durable floor still decides.
+    if backend.name == "sqlite":
+        pytest.skip("the embedded claims keep their floors in the database itself: no fast path to lose")
+    backend.claims.raise_fence(2, 5)
+    forget_fast_path(backend)
+    backend.claims.raise_fence(2, 4)
+    stale = backend.claims.claim(record((9, "job", T0, T0, 2, 1, 0), 4), "w", T0, 1_000)
+    assert (stale.outcome, stale.fence_floor) == (ClaimOutcome.FENCED, 5)
+
+
 def _claim_exists(backend: Backend, key: str) -> bool:
     """Whether the claim's row is still stored (on the cluster, Redis keeps
     its own 'done' marker for a week whatever happens here)."""

@@ -8,10 +8,41 @@ Cassandra lightweight transaction, ``INSERT ... IF NOT EXISTS`` on the run's
 idempotency key, with the three outcomes of the design: succeeded (replay the
 result), running under a live lease (back off), running under a dead lease
 (take over, by a conditional update that only one taker wins).
+
+Fence floors, durably. A new leader's ``raise_fence`` writes its fence to
+Cassandra first (``claim_fences``: the fences raised per partition, a set
+whose highest member is the floor, so no write can lower it), then to Redis.
+Redis can lose what it holds (a restart without persistence, a FLUSHALL),
+so its copy of a floor is trusted only while it is *verified*: present
+without interruption since a claim seeded it from a Cassandra read made
+after the seeding began.
+
+- A claim for a partition Redis holds no floor for leaves an unverified
+  marker there carrying a fresh epoch, reads the durable floor, decides on
+  it (Cassandra's claim LWT is the only claim taken), then verifies the
+  marker with what it read, if the marker is still its epoch's.
+- ``raise_fence`` raises a floor Redis holds, verified or not, and creates
+  none: after a loss the durable floor already has the raise, and any claim
+  reads it before the partition's floor is verified again.
+- Why a verified floor is at least every fence whose ``raise_fence``
+  returned: that raise's Redis step came either after the marker was left,
+  while the key stood (the step raised it), or before, and then its
+  Cassandra write came before the seeding read too. A loss in between
+  deletes the marker, and the seeding that read too early is refused.
+
+So a claim reads Cassandra for its fence only when Redis cannot vouch for
+the floor: once per partition after a loss (per worker that meets it first),
+not per run. Not covered: Redis coming back with an *older* copy of its
+data (a restore of an old snapshot, a failover to a lagging replica) keeps
+floors that look verified but are behind; the claim's idempotency key still
+holds the effect to one, as it does for a dispatch in flight while a fence
+is raised.
 """
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,14 +53,26 @@ from pysched.config import ClusterConfig
 from pysched.protocols import Claim, ClaimOutcome
 from pysched.records import DispatchRecord
 
-# KEYS: fence key, claim key. ARGV: fence, holder, px, now_ms, expires_ms.
-# The claim's value is "holder|expires_ms", judged by the caller's clock like
-# the Cassandra lease; PX only cleans up. Returns {outcome, fence floor}.
+# A floor key is a hash: ``floor``, and ``unverified`` (an epoch) while no
+# claim has confirmed it against Cassandra since Redis last lost it. Fences
+# are compared as numbers and stored as the caller's strings (a Lua number
+# prints large values in exponent form).
+
+# KEYS: floor key, claim key. ARGV: fence, holder, px, now_ms, expires_ms,
+# epoch. The claim's value is "holder|expires_ms", judged by the caller's
+# clock like the Cassandra lease; PX only cleans up. Returns {outcome, fence
+# floor[, epoch]}; 'unknown' takes no claim and leaves the floor unraised.
 _CLAIM = """
-local floor = tonumber(redis.call('GET', KEYS[1]) or '0')
+local floor = redis.call('HGET', KEYS[1], 'floor')
+if not floor then
+  redis.call('HSET', KEYS[1], 'floor', '0', 'unverified', ARGV[6])
+  return {'unknown', 0, ARGV[6]}
+end
 local fence = tonumber(ARGV[1])
-if fence < floor then return {'fenced', floor} end
-if fence > floor then redis.call('SET', KEYS[1], ARGV[1]); floor = fence end
+if fence < tonumber(floor) then return {'fenced', floor} end
+local unverified = redis.call('HGET', KEYS[1], 'unverified')
+if unverified then return {'unknown', floor, unverified} end
+if fence > tonumber(floor) then redis.call('HSET', KEYS[1], 'floor', ARGV[1]); floor = ARGV[1] end
 local current = redis.call('GET', KEYS[2])
 if current == '!done' then return {'done', floor} end
 if current then
@@ -43,12 +86,38 @@ redis.call('SET', KEYS[2], ARGV[2] .. '|' .. ARGV[5], 'PX', ARGV[3])
 return {'claimed', floor}
 """
 
-# KEYS: fence key. ARGV: fence. Raise the floor, never lower it.
+# KEYS: floor key. ARGV: fence. Raise a floor Redis holds; never lower it,
+# never create it (see the module's docstring).
 _RAISE = """
-local floor = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) > floor then redis.call('SET', KEYS[1], ARGV[1]) end
-return floor
+local floor = redis.call('HGET', KEYS[1], 'floor')
+if floor and tonumber(ARGV[1]) > tonumber(floor) then redis.call('HSET', KEYS[1], 'floor', ARGV[1]) end
+return 0
 """
+
+# KEYS: floor key. ARGV: durable floor (read after the marker was left),
+# epoch. Verifies the floor if the marker is still that epoch's, or merges
+# the durable floor into one already verified. Returns 1 if the floor is
+# verified now.
+_VERIFY = """
+local floor = redis.call('HGET', KEYS[1], 'floor')
+if not floor then return 0 end
+local unverified = redis.call('HGET', KEYS[1], 'unverified')
+if unverified and unverified ~= ARGV[2] then return 0 end
+if tonumber(ARGV[1]) > tonumber(floor) then redis.call('HSET', KEYS[1], 'floor', ARGV[1]) end
+redis.call('HDEL', KEYS[1], 'unverified')
+return 1
+"""
+
+FENCES_TABLE = (
+    "CREATE TABLE IF NOT EXISTS {ks}.claim_fences (partition int, fence bigint,"
+    " PRIMARY KEY (partition, fence)) WITH CLUSTERING ORDER BY (fence DESC)"
+)
+
+
+def ensure_fence_table(session: Session, keyspace: str) -> None:
+    session.execute(FENCES_TABLE.format(ks=keyspace), timeout=60)
+    session.cluster.control_connection.wait_for_schema_agreement(wait_time=30)
+
 
 DONE_TTL_S = 7 * 86_400
 
@@ -60,8 +129,18 @@ class RedisCassandraClaims:
         self.prefix = f"pysched:{config.keyspace}"
         self._claim_script = redis_client.register_script(_CLAIM)
         self._raise_script = redis_client.register_script(_RAISE)
+        self._verify_script = redis_client.register_script(_VERIFY)
+        # Epochs unique across clients and Redis's lifetimes: a random
+        # prefix, then a counter (cheaper than a random value per claim).
+        self._epoch_prefix = secrets.token_hex(8)
+        self._epochs = itertools.count()
         ks = config.keyspace
+        ensure_fence_table(session, ks)
         p = session.prepare
+        # Plain QUORUM writes and reads: a set only grows, so there is no
+        # condition to check, and a quorum read sees every acknowledged raise.
+        self._record_fence = p(f"INSERT INTO {ks}.claim_fences (partition, fence) VALUES (?, ?)")
+        self._read_floor = p(f"SELECT fence FROM {ks}.claim_fences WHERE partition = ? LIMIT 1")
         self._insert = p(
             f"INSERT INTO {ks}.claims (idem_key, run_id, state, holder, fence, lease_expires_ms, updated_at_ms)"
             " VALUES (?, ?, 'running', ?, ?, ?, ?) IF NOT EXISTS"
@@ -80,20 +159,24 @@ class RedisCassandraClaims:
         )
         self._read = p(f"SELECT state, holder, lease_expires_ms, result FROM {ks}.claims WHERE idem_key = ?")
 
-    def _fence_key(self, partition: int) -> str:
-        return f"{self.prefix}:fence:{partition}"
+    def _floor_key(self, partition: int) -> str:
+        # Not the ":fence:" string of earlier versions: a new key starts
+        # unverified, as after a loss.
+        return f"{self.prefix}:floor:{partition}"
 
     def _claim_key(self, key: str) -> str:
         return f"{self.prefix}:claim:{key}"
 
     def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
         key = record.idempotency_key
-        fast, floor = self._claim_script(
-            keys=[self._fence_key(record.partition), self._claim_key(key)],
-            args=[record.fence, holder, 2 * lease_ms, now_ms, now_ms + lease_ms],
+        reply = self._claim_script(
+            keys=[self._floor_key(record.partition), self._claim_key(key)],
+            args=[record.fence, holder, 2 * lease_ms, now_ms, now_ms + lease_ms, self._new_epoch()],
         )
-        fast = fast.decode() if isinstance(fast, bytes) else fast
-        floor = int(floor)
+        fast = _text(reply[0])
+        floor = int(reply[1])
+        if fast == "unknown":
+            return self._claim_on_durable_floor(record, holder, now_ms, lease_ms, floor, _text(reply[2]))
         if fast == "fenced":
             return Claim(ClaimOutcome.FENCED, fence_floor=floor)
         if fast == "held":
@@ -106,6 +189,29 @@ class RedisCassandraClaims:
         if res.was_applied:
             return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
         return self._contend(res.one(), record, holder, now_ms, lease_ms, floor)
+
+    def _claim_on_durable_floor(
+        self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int, fast_floor: int, epoch: str
+    ) -> Claim:
+        """Redis cannot vouch for the partition's floor: Cassandra's decides,
+        read after Redis's marker was left (what makes it fit to verify the
+        marker with). ``fast_floor`` holds only raised fences, so it counts
+        too. No Redis claim is taken: Cassandra's LWT decides alone."""
+        row = self.session.execute(self._read_floor, (record.partition,)).one()
+        durable = 0 if row is None else int(row.fence)
+        self._verify_script(keys=[self._floor_key(record.partition)], args=[durable, epoch])
+        floor = max(fast_floor, durable)
+        if record.fence < floor:
+            return Claim(ClaimOutcome.FENCED, fence_floor=floor)
+        floor = record.fence
+        key = record.idempotency_key
+        res = self.session.execute(self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms))
+        if res.was_applied:
+            return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
+        return self._contend(res.one(), record, holder, now_ms, lease_ms, floor)
+
+    def _new_epoch(self) -> str:
+        return f"{self._epoch_prefix}.{next(self._epochs)}"
 
     def _contend(self, row: Any, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int, floor: int) -> Claim:
         key = record.idempotency_key
@@ -147,7 +253,14 @@ class RedisCassandraClaims:
             self.redis.delete(self._claim_key(key))
 
     def raise_fence(self, partition: int, fence: int) -> None:
-        self._raise_script(keys=[self._fence_key(partition)], args=[fence])
+        # Cassandra first: a verified Redis floor relies on every raise that
+        # reached Redis being durable already (see the module's docstring).
+        self.session.execute(self._record_fence, (partition, fence))
+        self._raise_script(keys=[self._floor_key(partition)], args=[fence])
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def connect_redis(url: str) -> redis.Redis:

@@ -1,9 +1,20 @@
 """In-memory idempotency claims, modelled on claims/redis_cassandra.py.
 
-The fence floors are Redis's (raised by a new leader, checked and raised by
-every claim); the claim rows are Cassandra's authoritative table, with the
-three outcomes of the design plus FENCED. Leases are judged by the ``now_ms``
-the caller passes, as on the cluster.
+Each fence floor is kept twice, as on the cluster: in Redis, the fast path
+(raised by a new leader, checked and raised by every claim), and durably in
+Cassandra (raised by a new leader only). Redis can forget
+(``ClaimTables.forget_fast_path``: a restart without persistence, a
+FLUSHALL); a claim for a partition the fast path knows nothing of is judged
+by the durable floor, which then seeds the fast path again. The claim rows
+are Cassandra's authoritative table, with the three outcomes of the design
+plus FENCED. Leases are judged by the ``now_ms`` the caller passes, as on
+the cluster.
+
+Each call here is atomic, so the cluster's guard against a seed racing a
+raise (an unverified floor, see claims/redis_cassandra) has nothing to
+guard against: a raise into a forgotten fast path leaves it forgotten, and
+the next claim seeds it from the durable floor, which the raise already
+holds.
 
 Not modelled: Redis's own copy of each claim (a "held" or "done" marker). On
 the cluster it only answers what the table would, except when Redis lost or
@@ -39,7 +50,10 @@ class ClaimTables:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        # Redis's floors: what the fast path knows, possibly nothing.
         self.floors: dict[int, int] = {}
+        # Cassandra's floors: never lowered, never forgotten.
+        self.durable_floors: dict[int, int] = {}
         self.rows: dict[str, ClaimRow] = {}
 
     # -- read back by a simulator's checker ------------------------------------
@@ -49,8 +63,17 @@ class ClaimTables:
             return dict(self.rows)
 
     def fence_floors(self) -> dict[int, int]:
+        """The floor each partition's dispatches are held to: the higher of
+        the two copies (the fast path's may be ahead, raised by a claim)."""
         with self.lock:
-            return dict(self.floors)
+            partitions = self.floors.keys() | self.durable_floors.keys()
+            return {p: max(self.floors.get(p, 0), self.durable_floors.get(p, 0)) for p in partitions}
+
+    def forget_fast_path(self) -> None:
+        """Lose Redis's state, as a restart without persistence or a
+        FLUSHALL does. The durable floors and claim rows stay."""
+        with self.lock:
+            self.floors.clear()
 
     def forget(self, keys: Iterable[str]) -> None:
         """Delete claims (the store prunes them with their runs)."""
@@ -67,7 +90,12 @@ class MemoryClaims:
     def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
         t = self.tables
         with self._op("claim"):
-            floor = t.floors.get(record.partition, 0)
+            floor = t.floors.get(record.partition)
+            if floor is None:
+                # The fast path knows nothing of this partition: the durable
+                # floor decides, and seeds it (never the record's fence, which
+                # may be the stale one).
+                floor = t.floors[record.partition] = t.durable_floors.get(record.partition, 0)
             if record.fence < floor:
                 return Claim(ClaimOutcome.FENCED, fence_floor=floor)
             floor = t.floors[record.partition] = record.fence
@@ -108,7 +136,12 @@ class MemoryClaims:
     def raise_fence(self, partition: int, fence: int) -> None:
         t = self.tables
         with self._op("raise_fence"):
-            t.floors[partition] = max(t.floors.get(partition, 0), fence)
+            # Durable first, as on the cluster. A fast path that forgot the
+            # partition stays without it: seeding it from this raise alone
+            # could set it below a higher durable floor.
+            t.durable_floors[partition] = max(t.durable_floors.get(partition, 0), fence)
+            if partition in t.floors:
+                t.floors[partition] = max(t.floors[partition], fence)
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
         t = self.tables
