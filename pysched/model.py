@@ -6,11 +6,12 @@ the policies, only the schedule-derived run times the scheduler plans.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pysched import cron
 
@@ -106,6 +107,21 @@ class Job(_Strict):
         if period_ms is not None:
             window = min(window, period_ms)
         return max(window, 0)
+
+
+def plannable_job(job_id: str, spec: str) -> Job | None:
+    """A stored job to plan runs for, or None, logged at error, when its
+    definition no longer validates (written by another version, edited by
+    hand): that job is left unplanned, and the others in its batch are not
+    held up by it."""
+    try:
+        return Job.model_validate_json(spec)
+    except ValidationError as exc:
+        first = str(exc).splitlines()[1:2] or [str(exc)]
+        logging.getLogger("pysched.model").error(
+            "job %r: its stored definition no longer validates (%s): no next run is planned", job_id, first[0].strip()
+        )
+        return None
 
 
 def job_id_is_valid(job_id: str) -> bool:

@@ -265,3 +265,29 @@ def test_a_leader_that_cannot_prove_its_lease_stops_dispatching_until_it_can(tmp
     # On its last answer while that held, and again once it was answered.
     assert max(t for t in sent_at if t < T0 + 40_000) > T0 + 10_000
     assert len([t for t in sent_at if t >= T0 + 40_000]) >= 19
+
+
+def test_a_job_whose_stored_definition_no_longer_validates_holds_up_no_other(tmp_path: Path) -> None:
+    # Issue 10, hole 8: its spec failing to parse made each batch it was in
+    # fail for ever, and every batch behind it waited; its runs' deliveries
+    # were retried for ever by the worker that took them.
+    backends = open_embedded(tmp_path / "leader.db")
+    for job_id in ("good", "bad"):
+        register(
+            backends.store, job({"id": job_id, "schedule": {"kind": "cron", "expr": "* * * * *"}, "critical": True}), T0
+        )
+    with backends.db.transaction() as conn:
+        conn.execute("UPDATE jobs SET spec = ? WHERE job_id = 'bad'", ('{"id": "bad", "schedule": {"kind": "x"}}',))
+    clock = ManualClock(T0)
+    events: list[RunDispatched] = []
+    leader = PartitionLeader(
+        backends.store, backends.coordinator, backends.dispatcher, clock, "n", LeaderConfig(), events.append
+    )
+    drive(leader, T0 + 3 * 60_000 + 1_000)
+    assert [e.run_at_ms for e in events if e.job_id == "good"] == [T0 + k * 60_000 for k in (1, 2, 3)]
+    assert [e.run_at_ms for e in events if e.job_id == "bad"] == [T0 + 60_000]
+    pool = WorkerPool(backends.dispatcher, backends.claims, backends.store, clock, "w")
+    while (delivery := backends.dispatcher.take(0)) is not None:
+        pool.handle(delivery.payload)
+    (bad,) = [r for r in backends.store.last_runs(["bad"]).values()]
+    assert bad.state == "failed" and bad.error is not None and "no longer validates" in bad.error

@@ -36,7 +36,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from pysched.config import ClusterConfig, host_port
-from pysched.model import Job
+from pysched.model import Job, plannable_job
 from pysched.protocols import (
     DEFAULT_PARTITIONS,
     SETTLE_MS,
@@ -607,10 +607,9 @@ class CassandraScheduleStore:
             if not ok:
                 raise result
             row = result.one()
-            if row is not None and row.state == "active":
-                out[job_id] = JobPlanState(
-                    Job.model_validate_json(row.spec), row.partition, row.jitter_ms, row.next_run_at_ms
-                )
+            job = plannable_job(job_id, row.spec) if row is not None and row.state == "active" else None
+            if job is not None:
+                out[job_id] = JobPlanState(job, row.partition, row.jitter_ms, row.next_run_at_ms)
         return out
 
     def finish_dispatch(

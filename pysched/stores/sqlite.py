@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from pysched.model import Job
+from pysched.model import Job, plannable_job
 from pysched.protocols import (
     Fences,
     JobExists,
@@ -242,8 +242,11 @@ class SQLiteScheduleStore:
                 (json.dumps(ids[start : start + _CHUNK]),),
             ).fetchall()
             for job_id, spec, partition, jitter_ms, next_run_at_ms in rows:
+                job = plannable_job(str(job_id), str(spec))
+                if job is None:
+                    continue
                 out[str(job_id)] = JobPlanState(
-                    Job.model_validate_json(spec),
+                    job,
                     int(partition),
                     int(jitter_ms),
                     None if next_run_at_ms is None else int(next_run_at_ms),

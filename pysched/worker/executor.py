@@ -24,6 +24,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from pysched.clock import Clock
 from pysched.protocols import Claim, ClaimOutcome, IdempotencyClaims, JobNotFound, ScheduleStore
 from pysched.records import DispatchRecord
@@ -189,6 +191,12 @@ class Executor:
             job_record = self.store.get_job(record.job_id)
         except JobNotFound:
             job_record = None
+        except ValidationError as exc:
+            # Its stored definition no longer validates: that will not pass
+            # by trying again, so the run fails, saying why, and the records
+            # behind it go on.
+            error = f"the job's stored definition no longer validates: {exc.errors()[0].get('msg', exc)}"
+            return Ended("failed", error, None, self.clock.now_ms())
         if job_record is None or job_record.state == "cancelled":
             return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
         if not self.store.run_started(record, self.holder, self.clock.now_ms()):
