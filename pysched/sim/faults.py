@@ -14,6 +14,8 @@ Kinds, as named on the command line:
   effect, for a while;
 - ``rebalance``: a worker's consumer dies without acknowledging, and the
   dispatcher's group moves its partitions;
+- ``redis``: the claims' fast path (Redis) loses everything it held; the
+  durable fence floors and claims (Cassandra) stay;
 - ``skew``: the nodes' clocks differ by up to ``MAX_SKEW_MS`` (for the whole
   run).
 """
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 from pysched.memory.faults import Phase, SimulatedFault
 
-KINDS = ("crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "skew")
+KINDS = ("crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "redis", "skew")
 MAX_SKEW_MS = 500
 
 
@@ -68,6 +70,7 @@ def plan_faults(
             "store": rng.randrange(1_000, 30_000),
             "claims": rng.randrange(1_000, 30_000),
             "rebalance": 0,
+            "redis": 0,
         }[kind]
         if at + duration >= quiet_from:
             continue

@@ -167,6 +167,8 @@ class World:
                 node.paused_until_ms = now + event.duration_ms
             elif event.kind == "rebalance":
                 node.lose_consumer()
+            elif event.kind == "redis":
+                self.cluster.claims.forget_fast_path()
             else:
                 node.faults.start(event)
             self._active.append(event)
@@ -175,5 +177,5 @@ class World:
             node = self.nodes[event.node]
             if event.kind == "crash":
                 node.restart()
-            elif event.kind not in ("pause", "rebalance"):
+            elif event.kind not in ("pause", "rebalance", "redis"):
                 node.faults.stop(event)
