@@ -109,6 +109,18 @@ def delivery_for(handed_attempt: int, handed_fence: int | None, fence: int) -> i
     return handed_attempt + 1
 
 
+def add_read_run(rows: dict[int, Run], run: Run) -> None:
+    """Add a run read from a schedule row to ``rows`` (by run id). A run
+    handed back has a second row, due later: the run is due once, at the
+    earlier, as the latest delivery either row says."""
+    known = rows.get(run.run_id)
+    if known is None:
+        rows[run.run_id] = run
+        return
+    earlier = known if known.due_ms <= run.due_ms else run
+    rows[run.run_id] = earlier._replace(attempt=max(known.attempt, run.attempt))
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job

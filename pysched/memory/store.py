@@ -43,6 +43,7 @@ from pysched.protocols import (
     Registration,
     Run,
     RunRecord,
+    add_read_run,
     delivery_for,
     is_near,
 )
@@ -345,16 +346,8 @@ class MemoryScheduleStore:
             for p in fences:
                 start = marks.get(p, now_ms - SETTLE_MS)
                 for r in self.tables.read_schedule(p, start, horizon_ms):
-                    # A run handed back has a second row: it is due once, at
-                    # the earlier, as the latest delivery either says.
                     attempt = delivery_for(r.attempt, r.fence, fences[p])
-                    known = rows.get(r.run_id)
-                    if known is not None:
-                        attempt = max(attempt, known.attempt)
-                        if known.due_ms <= r.due_ms:
-                            rows[r.run_id] = known._replace(attempt=attempt)
-                            continue
-                    rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, attempt, r.attempt_group)
+                    add_read_run(rows, Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, attempt, r.attempt_group))
             return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:

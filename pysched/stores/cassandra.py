@@ -52,6 +52,7 @@ from pysched.protocols import (
     Registration,
     Run,
     RunRecord,
+    add_read_run,
     delivery_for,
     is_near,
 )
@@ -587,16 +588,8 @@ class CassandraScheduleStore:
             for r in result:
                 if r.job_id is None:
                     continue  # only the dispatch mark of a run cancelled meanwhile
-                # A run handed back has a second row, due later: the run is
-                # due once, at the earlier, as the latest delivery either says.
                 attempt = delivery_for(r.attempt or 0, r.fence, fences[p])
-                known = rows.get(r.run_id)
-                if known is not None:
-                    attempt = max(attempt, known.attempt)
-                    if known.due_ms <= r.due_ms:
-                        rows[r.run_id] = known._replace(attempt=attempt)
-                        continue
-                rows[r.run_id] = Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, attempt, r.attempt_group)
+                add_read_run(rows, Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, attempt, r.attempt_group))
         return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
