@@ -179,6 +179,37 @@ class NextRuns:
     completed: list[str]
 
 
+@dataclass(frozen=True, slots=True)
+class DispatchOutcome:
+    """What a leader asks a store to record for a batch it handed on: the
+    runs, how far each partition's watermark may move, and what the core
+    planned after them."""
+
+    rows: Sequence[Run]
+    marks: Mapping[int, int]
+    next_runs: NextRuns
+
+
+def within_fences(outcome: DispatchOutcome, fences: Fences, floors: Mapping[int, int]) -> DispatchOutcome:
+    """The part of ``outcome`` a leader holding ``fences`` may still write,
+    given each partition's stored fence (``floors``): nothing of a partition
+    a newer leader has taken. Its successor sends, marks and plans those
+    runs itself; a stale mark written over its own would make a run look
+    owed again, and a stale plan is made from the job as it was."""
+    stale = {p for p, fence in fences.items() if floors.get(p, 0) > fence}
+    if not stale:
+        return outcome
+    partition_of = {row.job_id: row.partition for row in outcome.rows}
+    return DispatchOutcome(
+        [row for row in outcome.rows if row.partition not in stale],
+        {p: mark for p, mark in outcome.marks.items() if p not in stale},
+        NextRuns(
+            [nxt for nxt in outcome.next_runs.runs if nxt.partition not in stale],
+            [job_id for job_id in outcome.next_runs.completed if partition_of.get(job_id) not in stale],
+        ),
+    )
+
+
 # (job, partition, jitter_ms, first run): one job of a bulk registration.
 Registration = tuple[Job, int, int, PlannedRun | None]
 # Partition -> the fence its leader holds.

@@ -263,6 +263,26 @@ def test_a_stale_leaders_record_hides_nothing_from_its_successor(backend: Backen
     assert [r.job_id for r in backend.store.due_runs(every(2), T0 + 90_000, T0 + 30_100)] == ["o"]
 
 
+def test_a_stale_leaders_record_writes_nothing_its_successor_wrote(backend: Backend) -> None:
+    # A leader's store writes are fenced, not only what it sends: a paused
+    # leader that wakes and records a send must neither plan the job's next
+    # run (its successor plans it, from the job as it is by then) nor mark
+    # the run handed on under its old fence over its successor's mark, which
+    # would make the run look owed again.
+    store = backend.store
+    store.add_job(cron_job("c", "0 * * * * *"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0)
+    (stale,) = store.due_runs(every(1), T0 + 90_000, T0 + 60_000)
+    for p in range(4):
+        store.raise_fence(p, 2)  # the successor's, published before it reads
+    sent, planned = dispatch(backend, T0 + 90_000, 2, T0 + 61_000)
+    assert [(r.run_at_ms, r.attempt) for r in sent] == [(T0 + 60_000, 1)]
+    assert [r.run_at_ms for r in planned] == [T0 + 120_000]
+    assert record_sent(store, [stale], every(1), read_through(T0 + 62_000), T0 + 62_000) == []
+    again = store.due_runs(every(2), T0 + 150_000, T0 + 63_000)
+    assert [(r.run_at_ms, r.attempt) for r in again if r.attempt > 1] == [], "handed on again"
+    assert T0 + 120_000 in [r.run_at_ms for r in again]
+
+
 def test_a_run_rejected_for_its_fence_reaches_the_new_leader(backend: Backend) -> None:
     # Found by the paused-leader process test with one core busy: runs a
     # leader sent, and recorded sent, just before its partition moved were

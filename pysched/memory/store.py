@@ -32,6 +32,7 @@ from pysched.memory.faults import FaultHook, Guard
 from pysched.model import Job
 from pysched.protocols import (
     SETTLE_MS,
+    DispatchOutcome,
     Fences,
     JobExists,
     JobNotActive,
@@ -46,6 +47,7 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
 
@@ -364,6 +366,11 @@ class MemoryScheduleStore:
         self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, next_runs: NextRuns
     ) -> list[Run]:
         with self._op("finish_dispatch"):
+            # As on the cluster: the partitions' fences read first, then the
+            # writes of those a newer leader has not taken.
+            floors = {p: mark.fence for p, mark in self.tables.marks.items()}
+            allowed = within_fences(DispatchOutcome(rows, marks, next_runs), fences, floors)
+            rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
             for run in rows:
                 self._mark_dispatched(run, fences[run.partition], now_ms)
             stored = self._store_next(next_runs, now_ms)

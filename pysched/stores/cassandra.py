@@ -40,6 +40,7 @@ from pysched.model import Job, plannable_job
 from pysched.protocols import (
     DEFAULT_PARTITIONS,
     SETTLE_MS,
+    DispatchOutcome,
     Fences,
     JobExists,
     JobNotActive,
@@ -55,6 +56,7 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
 
@@ -272,6 +274,7 @@ class CassandraScheduleStore:
             " WHERE time_bucket = ? AND shard = ? AND due_ms > ? AND due_ms < ?"
         )
         self._watermarks = p(f"SELECT partition, fired_through_ms FROM {ks}.watermarks")
+        self._watermark_fences = p(f"SELECT partition, fence FROM {ks}.watermarks")
         # Fenced: a leader that lost its partition (and may not know it yet)
         # cannot move the watermark its successor starts from.
         self._set_watermark = p(
@@ -608,6 +611,17 @@ class CassandraScheduleStore:
     def finish_dispatch(
         self, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int, next_runs: NextRuns
     ) -> list[Run]:
+        # The partitions' fences, read first: a leader a newer one has
+        # replaced writes nothing of them. A check, not a transaction (one
+        # Paxos round per run would cost the burst its speed): what can still
+        # slip between this read and the writes is a leader that lost the
+        # partition in those milliseconds, and the watermark moves below
+        # stay conditional on the fence (so a record of marks alone needs
+        # no read).
+        if rows or next_runs.runs or next_runs.completed:
+            floors = {int(r.partition): int(r.fence or 0) for r in self.session.execute(self._watermark_fences)}
+            allowed = within_fences(DispatchOutcome(rows, marks, next_runs), fences, floors)
+            rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
         if rows:
             # One request per run, as before the attempt was kept: the run's
             # history row and the schedule row a new leader reads again.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pysched.model import Job, plannable_job
 from pysched.protocols import (
+    DispatchOutcome,
     Fences,
     JobExists,
     JobNotActive,
@@ -21,6 +22,7 @@ from pysched.protocols import (
     Run,
     RunRecord,
     is_near,
+    within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
 from pysched.stores.sqlite_db import SQLiteDatabase
@@ -194,10 +196,16 @@ class SQLiteScheduleStore:
         return False
 
     def raise_fence(self, partition: int, fence: int) -> None:
-        # Nothing to refuse here: the embedded store reads the runs to send by
-        # their state and fence (_ELIGIBLE), never from its watermarks, so an
-        # older leader's watermark hides no run from its successor.
-        pass
+        # The table the claims and the lease share: a store write of an older
+        # leader is refused from here on (finish_dispatch). Its watermark
+        # hides nothing either way: runs to send are read by their state and
+        # fence (_ELIGIBLE), never from the watermarks.
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO fences (partition, fence) VALUES (?, ?)"
+                " ON CONFLICT (partition) DO UPDATE SET fence = max(fence, excluded.fence)",
+                (partition, fence),
+            )
 
     def change_versions(self) -> dict[int, int]:
         rows = self.db.connection().execute("SELECT partition, version FROM partition_changes").fetchall()
@@ -258,6 +266,11 @@ class SQLiteScheduleStore:
     ) -> list[Run]:
         stored: list[Run] = []
         with self.db.transaction() as conn:
+            # Fenced in the same transaction as the writes: a leader a newer
+            # one has replaced (its term is in ``fences``) writes nothing of it.
+            floors = dict(conn.execute("SELECT partition, fence FROM fences").fetchall())
+            allowed = within_fences(DispatchOutcome(rows, marks, next_runs), fences, floors)
+            rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
             # Handed on before this mark (the in-process queue is no durable
             # step): a crash before this commit leaves the runs scheduled, and
             # the next leader sends them again.
