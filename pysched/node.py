@@ -75,7 +75,7 @@ def open_embedded(
     )
 
 
-def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
+def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Clock | None = None) -> Backends:
     """Connect to the servers, creating the keyspace and topic if missing.
     An unreachable server raises ConnectionError naming it and its address;
     a partition count other than the keyspace's, PartitionsMismatch."""
@@ -85,7 +85,7 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
     from pysched.stores.cassandra import CassandraScheduleStore, connect
 
     session = connect(config)
-    _ensure_schema_or_shut_down(session, config)
+    _ensure_schema_or_shut_down(session, config, clock or SystemClock())
     redis_client = connect_redis(config.redis)
     ensure_topic(config)
     claims = RedisCassandraClaims(redis_client, session, config)
@@ -123,22 +123,24 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True) -> Backends:
     return Backends(store, claims, coord, dispatcher, close, retention=retention)
 
 
-def open_cluster_store(config: ClusterConfig) -> tuple[ScheduleStore, Callable[[], None]]:
+def open_cluster_store(
+    config: ClusterConfig, *, clock: Clock | None = None
+) -> tuple[ScheduleStore, Callable[[], None]]:
     """Just the schedule store, for commands that only read or register."""
     from pysched.stores.cassandra import CassandraScheduleStore, connect
 
     session = connect(config)
-    _ensure_schema_or_shut_down(session, config)
+    _ensure_schema_or_shut_down(session, config, clock or SystemClock())
     return CassandraScheduleStore(session, config), session.cluster.shutdown
 
 
-def _ensure_schema_or_shut_down(session: Session, config: ClusterConfig) -> None:
+def _ensure_schema_or_shut_down(session: Session, config: ClusterConfig, clock: Clock) -> None:
     """ensure_schema; a configuration it refuses (another partition count
     than the keyspace's) leaves no driver threads behind to delay the exit."""
     from pysched.stores.cassandra import ensure_schema
 
     try:
-        ensure_schema(session, config)
+        ensure_schema(session, config, clock.now_ms())
     except BaseException:
         session.cluster.shutdown()
         raise

@@ -4,6 +4,7 @@ its own job a duplicate."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,7 +45,7 @@ class TimingOutFirst:
 def session_and_config(services: dict[str, Any], keyspace: str) -> Iterator[tuple[Any, Any]]:
     config = cluster_config_for(services, keyspace, partitions=4, kafka_partitions=2)
     session = connect(config)
-    ensure_schema(session, config)
+    ensure_schema(session, config, time.time_ns() // 1_000_000)
     yield session, config
     session.cluster.shutdown()
 

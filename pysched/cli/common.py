@@ -110,7 +110,7 @@ def open_store(db: str, config: str | None = None, *, access: Access) -> Schedul
             return SQLiteScheduleStore(SQLiteDatabase(db, access=access))
         from pysched.node import open_cluster_store
 
-        store, close = open_cluster_store(cluster_config(config))
+        store, close = open_cluster_store(cluster_config(config), clock=CLOCK)
         atexit.register(close)
         return store
     except DatabaseUnusable as exc:

@@ -56,8 +56,8 @@ QuietOption = Annotated[bool, typer.Option("--quiet", help="Do not log each fire
 def _open(db: str, config: str | None, coordinator: bool = True, access: Access = "create") -> Backends:
     try:
         if config is None:
-            return open_embedded(db, access=access)
-        return open_cluster(cluster_config(config), coordinator=coordinator)
+            return open_embedded(db, access=access, clock=CLOCK)
+        return open_cluster(cluster_config(config), coordinator=coordinator, clock=CLOCK)
     except DatabaseUnusable as exc:
         fail(f"--db {exc}")
     except PartitionsMismatch as exc:

@@ -157,10 +157,10 @@ SCHEMA = [
 ]
 
 
-def ensure_schema(session: Session, config: ClusterConfig) -> int:
+def ensure_schema(session: Session, config: ClusterConfig, now_ms: int) -> int:
     """Create what is missing; returns the keyspace's partition count.
-    Every partition gets a watermark at creation: no run can be due before
-    the schedule that holds it existed. Raises PartitionsMismatch if the
+    Every partition gets a watermark at creation (``now_ms``): no run can be
+    due before the schedule that holds it existed. Raises PartitionsMismatch if the
     configuration names another count than the keyspace's, which is left
     as it was."""
     for statement in SCHEMA:
@@ -176,7 +176,7 @@ def ensure_schema(session: Session, config: ClusterConfig) -> int:
         raise PartitionsMismatch(f"keyspace {config.keyspace!r}", config.partitions, partitions)
     missing = [p for p in range(partitions) if p not in known]
     if missing:
-        start = time.time_ns() // 1_000_000 - SETTLE_MS
+        start = now_ms - SETTLE_MS
         # Write timestamp 1: any real write wins over it, so this creates the
         # row without a Paxos round that nodes starting together contend on.
         insert = session.prepare(
