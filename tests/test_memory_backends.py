@@ -10,6 +10,7 @@ import pytest
 
 from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
+from pysched.leader.recording import record_sent
 from pysched.memory import open_memory
 from pysched.memory.claims import MemoryClaims
 from pysched.memory.coordinator import Election, MemoryCoordinator
@@ -219,6 +220,27 @@ def test_a_fault_before_leaves_nothing_and_a_fault_after_leaves_the_effect() -> 
         store.add_job(once_job("after", T0 + 1_000), 0, 0, run, T0)
     assert [j.job.id for j in store.list_jobs()] == ["after"]
     assert faults.injected == [FaultPoint("store", "add_job", "before"), FaultPoint("store", "add_job", "after")]
+
+
+def test_a_fault_midway_through_recording_leaves_the_marks_and_a_retry_finishes_it() -> None:
+    # On Cassandra a record is several requests (the runs' marks, the next
+    # runs, the watermarks): a leader that fails between them has written
+    # some. Its retry of the same batch must finish the job, not repeat it.
+    clock = ManualClock(T0)
+    faults = FaultInjector(script=[ScriptedFault(FaultPoint("store", "finish_dispatch", "midway"), 1)])
+    store = MemoryScheduleStore(ScheduleTables(4, clock), faults)
+    expr = {"kind": "cron", "expr": "* * * * *"}
+    cron = Job.model_validate({"id": "c", "schedule": expr, "target": {"kind": "shell", "command": "true"}})
+    store.add_job(cron, 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0)
+    fences = dict.fromkeys(range(4), 1)
+    (run,) = store.due_runs(fences, T0 + 90_000, T0 + 60_000)
+    with pytest.raises(ConnectionError):
+        record_sent(store, [run], fences, {}, T0 + 60_000)
+    assert [r.attempt for r in store.history("c")] == [1], "the mark was written before the fault"
+    assert store.get_job("c").next_run == PlannedRun(T0 + 60_000, T0 + 60_000), "the next run was not"
+    (planned,) = record_sent(store, [run], fences, {}, T0 + 60_000)
+    assert planned.run_at_ms == T0 + 120_000
+    assert store.get_job("c").next_run == PlannedRun(T0 + 120_000, T0 + 120_000)
 
 
 def test_random_faults_replay_with_their_seed() -> None:

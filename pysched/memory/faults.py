@@ -3,6 +3,9 @@
 Every operation of a memory backend runs between two checks, ``before`` (a
 failure there means the call took no effect) and ``after`` (it took effect,
 but the caller sees a failure: the ambiguous outcome of a timed-out write).
+An operation the server it models does as several requests has ``midway``
+checks between them: a failure there leaves the first writes and not the
+rest, as a client that died or timed out half-way through would.
 What fails is decided here only, from a seeded ``random.Random`` or an
 explicit script, so a simulator's seed replays the same faults.
 """
@@ -17,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-Phase = Literal["before", "after"]
+Phase = Literal["before", "midway", "after"]
 
 
 class SimulatedFault(ConnectionError, TimeoutError):
@@ -107,3 +110,8 @@ class Guard:
             yield
             # Reached only when the operation returned: its effect stands.
             self.faults.check(self.role, op, "after")
+
+    def midway(self, op: str) -> None:
+        """Between two requests of ``op`` (called under the lock): a failure
+        here ends the call with what it wrote so far standing."""
+        self.faults.check(self.role, op, "midway")

@@ -243,8 +243,10 @@ class MemoryScheduleStore:
                 raise JobNotActive(f"job {job.id!r} is {current.state}")
             first = self._not_before_now(first)
             self._cancel_handed_on(job.id, now_ms)
+            self._op.midway("reschedule")
             if first is not None:
                 self._write_run(job.id, current.partition, first)
+                self._op.midway("reschedule")
             self.tables.jobs[job.id] = replace(
                 current,
                 job=job,
@@ -333,6 +335,7 @@ class MemoryScheduleStore:
                     record.fence,
                 )
             )
+            self._op.midway("hand_back")
             self.tables.bump(record.partition)
             return True
 
@@ -373,7 +376,10 @@ class MemoryScheduleStore:
             rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
             for run in rows:
                 self._mark_dispatched(run, fences[run.partition], now_ms)
+            # The cluster's three steps are requests of their own.
+            self._op.midway("finish_dispatch")
             stored = self._store_next(next_runs, now_ms)
+            self._op.midway("finish_dispatch")
             for p, through in marks.items():
                 if self._wm_cache.get(p, -1) < through - WATERMARK_STEP_MS:
                     self._move_watermark(p, through, fences[p])
