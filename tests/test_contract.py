@@ -44,8 +44,9 @@ T0 = 0
 @pytest.fixture(autouse=True)
 def _fresh_t0() -> None:
     global T0
-    # At least 10 s ahead: a store may raise a run already due to the wall
-    # clock, which must not catch up with the test's planned times.
+    # At least 10 s ahead: every run a test plans is then due ahead of the
+    # cluster's watermarks (SETTLE_MS before its keyspace was made), where a
+    # store keeps the due time it was given.
     T0 = ((time.time_ns() // 1_000_000 + 10_000) // 60_000 + 1) * 60_000
 
 

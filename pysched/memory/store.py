@@ -253,7 +253,7 @@ class MemoryScheduleStore:
         read before (``marks``); the run, and whether its leader must hear
         of it now: due soon, or placed ahead of the watermark (due about now
         to the leader)."""
-        planned = self._not_before_now(first)
+        planned = self._not_before_now(first, now_ms)
         first = _ahead_of(planned, marks.get(partition))
         if first is not None:
             self._write_run(job.id, partition, first)
@@ -308,7 +308,7 @@ class MemoryScheduleStore:
             current = self._row(job.id)
             if current.state != "active":
                 raise JobNotActive(f"job {job.id!r} is {current.state}")
-            first = _ahead_of(self._not_before_now(first), marks.get(current.partition))
+            first = _ahead_of(self._not_before_now(first, now_ms), marks.get(current.partition))
             self._cancel_handed_on(job.id, now_ms)
             if first is not None:
                 self._write_run(job.id, current.partition, first)
@@ -566,14 +566,14 @@ class MemoryScheduleStore:
         nxt = row.next_run if row.state == "active" else None
         return JobRecord(row.job, row.state, row.partition, row.jitter_ms, row.created_at_ms, nxt)
 
-    def _not_before_now(self, run: PlannedRun | None) -> PlannedRun | None:
-        """A run registered for a time already past fires now (the store's
-        clock, as the Cassandra store's): a due time behind the watermark
-        would never be read again."""
-        now = self.tables.clock.now_ms()
-        if run is None or run.due_ms >= now:
+    @staticmethod
+    def _not_before_now(run: PlannedRun | None, now_ms: int) -> PlannedRun | None:
+        """A run registered for a time already past is due now: the caller's
+        now, as on the Cassandra store (_ahead_of places one that is still
+        behind the watermark)."""
+        if run is None or run.due_ms >= now_ms:
             return run
-        return PlannedRun(run.run_at_ms, now)
+        return PlannedRun(run.run_at_ms, now_ms)
 
     def _write_run(self, job_id: str, partition: int, run: PlannedRun) -> None:
         # Cassandra's INSERT: the listed columns are overwritten, the others

@@ -416,7 +416,7 @@ class CassandraScheduleStore:
         # Read now, right before the write: the later, the fewer runs the
         # watermark passes while they are written (_keep_ahead).
         marks = self.watermarks()
-        planned = self._not_before_now(first)
+        planned = self._not_before_now(first, now_ms)
         first = _ahead_of(planned, marks.get(partition))
         state = "active" if first else "completed"
         # One logged batch: the run's rows and the job's activation land
@@ -455,7 +455,7 @@ class CassandraScheduleStore:
             if current is not None:
                 existing.append(job.id)
                 continue
-            planned = self._not_before_now(first)
+            planned = self._not_before_now(first, now_ms)
             first = _ahead_of(planned, marks.get(partition))
             if first is not None:
                 placed[job.id] = (partition, first)
@@ -486,7 +486,7 @@ class CassandraScheduleStore:
         current = self._row(job.id)
         if current.state != "active":
             raise JobNotActive(f"job {job.id!r} is {current.state}")
-        first = _ahead_of(self._not_before_now(first), self.watermarks().get(current.partition))
+        first = _ahead_of(self._not_before_now(first, now_ms), self.watermarks().get(current.partition))
         # Before the new spec is written: a worker that reads it (it reads
         # the job, then records the start) then finds its run cancelled.
         self._cancel_handed_on(job.id, now_ms)
@@ -822,13 +822,13 @@ class CassandraScheduleStore:
         )
 
     @staticmethod
-    def _not_before_now(run: PlannedRun | None) -> PlannedRun | None:
-        """A run registered for a time already past fires now: a due time
-        behind the watermark would never be read again."""
-        now = time.time_ns() // 1_000_000
-        if run is None or run.due_ms >= now:
+    def _not_before_now(run: PlannedRun | None, now_ms: int) -> PlannedRun | None:
+        """A run registered for a time already past is due now: the caller's
+        now, from its injected clock. A registrant whose clock is behind the
+        leader's may still land behind the watermark: _ahead_of places it."""
+        if run is None or run.due_ms >= now_ms:
             return run
-        return PlannedRun(run.run_at_ms, now)
+        return PlannedRun(run.run_at_ms, now_ms)
 
     def _keep_ahead(self, placed: Mapping[str, tuple[int, PlannedRun]]) -> dict[str, PlannedRun]:
         """After registrations' runs were written (``placed``: job id ->
