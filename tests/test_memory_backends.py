@@ -16,9 +16,9 @@ from pysched.memory.claims import MemoryClaims
 from pysched.memory.coordinator import Election, MemoryCoordinator
 from pysched.memory.dispatcher import Broker, MemoryConsumer, MemoryDispatcher
 from pysched.memory.faults import FaultInjector, FaultPoint, ScriptedFault, SimulatedFault
-from pysched.memory.store import MemoryScheduleStore, ScheduleTables
+from pysched.memory.store import AHEAD_OF_WATERMARK_MS, MemoryScheduleStore, ScheduleTables
 from pysched.model import Job
-from pysched.protocols import NEAR_MS, ClaimOutcome, PlannedRun
+from pysched.protocols import NEAR_MS, SETTLE_MS, ClaimOutcome, PlannedRun
 from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.worker import WorkerPool
@@ -276,12 +276,17 @@ def test_only_a_registration_due_soon_bumps_its_partitions_change_version() -> N
     assert store.change_versions() == {1: 1}
 
 
-def test_a_past_due_time_is_raised_to_the_stores_clock_not_the_callers() -> None:
+def test_a_past_due_time_is_raised_to_the_callers_now_and_ahead_of_the_watermark() -> None:
+    # Time comes from the caller's injected clock, as on the Cassandra
+    # store, which read the wall clock here; the watermark catches a
+    # caller whose clock is behind.
     clock = ManualClock(T0)
-    store = MemoryScheduleStore(ScheduleTables(4, clock))
+    store = MemoryScheduleStore(ScheduleTables(4, clock))  # watermarks at T0 - SETTLE_MS
+    past = T0 - 5_000
+    assert store.add_job(once_job("past", past), 0, 0, PlannedRun(past, past), T0).next_run == PlannedRun(past, T0)
     late = T0 - 120_000
     rec = store.add_job(once_job("late", late), 0, 0, PlannedRun(late, late), late)
-    assert rec.next_run == PlannedRun(late, T0)
+    assert rec.next_run == PlannedRun(late, T0 - SETTLE_MS + AHEAD_OF_WATERMARK_MS)
 
 
 def test_a_hand_back_adds_a_second_schedule_row_and_bumps_the_partition() -> None:
@@ -336,3 +341,34 @@ def test_the_leader_and_a_worker_run_every_run_once_on_the_memory_engine() -> No
         consumer.ack(delivery)
     assert outcomes == [ClaimOutcome.CLAIMED] * 19
     assert Counter(r.state for r in cluster.schedule.all_run_rows()) == {"succeeded": 19, "scheduled": 1}
+
+
+def test_a_run_registered_behind_the_leaders_watermark_fires_ahead_of_it() -> None:
+    # The registrant's clock is ten minutes behind the leader's: the run it
+    # registers for five minutes from its now is behind the watermark.
+    clock = ManualClock(T0)
+    cluster = open_memory(4, clock)
+    node = cluster.node()
+    events: list[RunDispatched] = []
+    leader = PartitionLeader(node.store, node.coordinator, node.dispatcher, clock, "a", LeaderConfig(), events.append)
+    driver = SyncDriver(leader)
+
+    def run_until(end: int) -> None:
+        while (now := clock.now_ms()) < end:
+            driver.round(now)
+            clock.advance(leader.config.tick_ms)
+
+    # Just after one of the leader's reloads: the watermark stored trails
+    # the one it records next by the most.
+    run_until(T0 + 60_100)
+    registered_at = clock.now_ms()
+    behind = registered_at - 600_000
+    rec = register(node.store, once_job("late", behind + 300_000), behind)
+    assert rec.next_run is not None and rec.next_run.run_at_ms == behind + 300_000
+    assert rec.next_run.due_ms > node.store.watermarks()[rec.partition]
+    run_until(T0 + 180_000)
+    (event,) = [e for e in events if e.job_id == "late"]
+    assert (event.run_at_ms, event.due_ms) == (behind + 300_000, rec.next_run.due_ms)
+    assert 0 <= event.dispatched_at_ms - event.due_ms < leader.config.tick_ms
+    # Due within NEAR_MS to the leader, whatever the registrant's clock said.
+    assert event.dispatched_at_ms - registered_at <= AHEAD_OF_WATERMARK_MS - SETTLE_MS

@@ -15,7 +15,9 @@ watermarks it last read or moved.
 Where it differs, on purpose: each call is atomic under one lock (on the
 cluster a call is several statements, and two leaders' calls interleave);
 a registration cannot die half-way (no "registering" rows); "now", where the
-cluster uses a server's clock, is the injected Clock.
+cluster uses a server's clock, is the injected Clock. A registration is
+three steps, as on the cluster, so that a leader can move a watermark
+between them: it reads the watermarks, writes, and reads them again.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pysched.memory.claims import ClaimTables
 from pysched.memory.faults import FaultHook, Guard
 from pysched.model import Job
 from pysched.protocols import (
+    NEAR_MS,
     SETTLE_MS,
     DispatchOutcome,
     Fences,
@@ -56,6 +59,10 @@ ROLE = "store"
 # that store's behaviour.
 HAND_BACK_MS = 1_000
 WATERMARK_STEP_MS = 5_000
+# A run registered due at or behind its partition's watermark is stored this
+# far past the watermark instead (see the Cassandra store).
+AHEAD_OF_WATERMARK_MS = NEAR_MS + SETTLE_MS
+_PLACE_ATTEMPTS = 5
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 # last_runs reads this many of a job's newest rows, as the Cassandra store.
 _LAST_RUNS_READ = 4
@@ -204,44 +211,106 @@ class MemoryScheduleStore:
     # -- registration ---------------------------------------------------------
 
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
+        marks = self.watermarks()
         with self._op("add_job"):
             if job.id in self.tables.jobs:
                 raise JobExists.for_state(job.id, self.tables.jobs[job.id].state)
-            first = self._register(job, partition, jitter_ms, first, now_ms)
-            if is_near(first, now_ms):
+            first, notify = self._register(job, partition, jitter_ms, first, marks, now_ms)
+            if notify:
                 self.tables.bump(partition)
-            return JobRecord(job, "active" if first else "completed", partition, jitter_ms, now_ms, first)
+        if first is not None:
+            first = self._keep_ahead({job.id: (partition, first)}).get(job.id, first)
+        return JobRecord(job, "active" if first else "completed", partition, jitter_ms, now_ms, first)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
         existing: list[str] = []
         near: set[int] = set()
+        placed: dict[str, tuple[int, PlannedRun]] = {}
+        marks = self.watermarks()  # one read for the whole call
         with self._op("add_jobs"):
             for job, partition, jitter_ms, first in items:
                 if job.id in self.tables.jobs:
                     existing.append(job.id)
                     continue
-                if is_near(self._register(job, partition, jitter_ms, first, now_ms), now_ms):
+                first, notify = self._register(job, partition, jitter_ms, first, marks, now_ms)
+                if first is not None:
+                    placed[job.id] = (partition, first)
+                if notify:
                     near.add(partition)
             for partition in sorted(near):
                 self.tables.bump(partition)
+        self._keep_ahead(placed)
         return existing
 
     def _register(
-        self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int
-    ) -> PlannedRun | None:
-        first = self._not_before_now(first)
+        self,
+        job: Job,
+        partition: int,
+        jitter_ms: int,
+        first: PlannedRun | None,
+        marks: Mapping[int, int],
+        now_ms: int,
+    ) -> tuple[PlannedRun | None, bool]:
+        """Store the job and its first run, placed ahead of the watermark
+        read before (``marks``); the run, and whether its leader must hear
+        of it now: due soon, or placed ahead of the watermark (due about now
+        to the leader)."""
+        planned = self._not_before_now(first, now_ms)
+        first = _ahead_of(planned, marks.get(partition))
         if first is not None:
             self._write_run(job.id, partition, first)
         state = "active" if first else "completed"
         self.tables.jobs[job.id] = JobRow(job, state, partition, jitter_ms, now_ms, now_ms, first)
-        return first
+        return first, is_near(first, now_ms) or first != planned
+
+    def _keep_ahead(self, placed: Mapping[str, tuple[int, PlannedRun]]) -> dict[str, PlannedRun]:
+        """The Cassandra store's: read the watermarks again after the write;
+        a run one has reached meanwhile gets a second schedule row ahead of
+        it (the same run id), its run row and its job's next run the new due
+        time, and its partition a change notice; a run handed on, started or
+        cancelled meanwhile is left as it is. The runs placed again, by job."""
+        moved: dict[str, PlannedRun] = {}
+        pending = dict(placed)
+        for attempt in range(_PLACE_ATTEMPTS):
+            if not pending:
+                break
+            marks = self.watermarks()
+            behind = [(j, p, run) for j, (p, run) in pending.items() if p in marks and run.due_ms <= marks[p]]
+            if not behind:
+                break
+            if attempt + 1 == _PLACE_ATTEMPTS:
+                raise RuntimeError(
+                    f"the watermark of partition {behind[0][1]} kept moving past the run of job {behind[0][0]!r}"
+                    " while it was stored"
+                )
+            again: dict[str, tuple[int, PlannedRun]] = {}
+            with self._op("keep_ahead"):
+                for job_id, p, run in behind:
+                    key = (run.run_at_ms, 0)
+                    row = self.tables.runs.get(job_id, {}).get(key)
+                    if row is None or row.state != "scheduled" or row.dispatched_at_ms is not None:
+                        continue
+                    new = PlannedRun(run.run_at_ms, marks[p] + AHEAD_OF_WATERMARK_MS)
+                    self.tables.put_schedule(ScheduleRow(p, new.due_ms, row.run_id, job_id, run.run_at_ms, 0))
+                    self.tables.upsert_run(job_id, key, replace(row, due_ms=new.due_ms))
+                    # IF next_run_at_ms = ?: a reschedule meanwhile keeps its run.
+                    job = self.tables.jobs.get(job_id)
+                    if job is not None and job.next_run is not None and job.next_run.run_at_ms == run.run_at_ms:
+                        self.tables.jobs[job_id] = replace(job, next_run=new)
+                    again[job_id] = (p, new)
+                for p in sorted({p for p, _ in again.values()}):
+                    self.tables.bump(p)
+            moved.update((j, run) for j, (_, run) in again.items())
+            pending = again
+        return moved
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
+        marks = self.watermarks()
         with self._op("reschedule"):
             current = self._row(job.id)
             if current.state != "active":
                 raise JobNotActive(f"job {job.id!r} is {current.state}")
-            first = self._not_before_now(first)
+            first = _ahead_of(self._not_before_now(first, now_ms), marks.get(current.partition))
             self._cancel_handed_on(job.id, now_ms)
             self._op.midway("reschedule")
             if first is not None:
@@ -259,7 +328,12 @@ class MemoryScheduleStore:
             if old is not None and (first is None or first.run_at_ms != old.run_at_ms):
                 self._drop_pending(job.id, current.partition, old, now_ms)
             self.tables.bump(current.partition)
-            return self._record(self.tables.jobs[job.id])
+            record = self._record(self.tables.jobs[job.id])
+        if first is not None:
+            moved = self._keep_ahead({job.id: (current.partition, first)})
+            if job.id in moved:
+                record = replace(record, next_run=moved[job.id])
+        return record
 
     def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
         with self._op("cancel_job"):
@@ -505,14 +579,14 @@ class MemoryScheduleStore:
         nxt = row.next_run if row.state == "active" else None
         return JobRecord(row.job, row.state, row.partition, row.jitter_ms, row.created_at_ms, nxt)
 
-    def _not_before_now(self, run: PlannedRun | None) -> PlannedRun | None:
-        """A run registered for a time already past fires now (the store's
-        clock, as the Cassandra store's): a due time behind the watermark
-        would never be read again."""
-        now = self.tables.clock.now_ms()
-        if run is None or run.due_ms >= now:
+    @staticmethod
+    def _not_before_now(run: PlannedRun | None, now_ms: int) -> PlannedRun | None:
+        """A run registered for a time already past is due now: the caller's
+        now, as on the Cassandra store (_ahead_of places one that is still
+        behind the watermark)."""
+        if run is None or run.due_ms >= now_ms:
             return run
-        return PlannedRun(run.run_at_ms, now)
+        return PlannedRun(run.run_at_ms, now_ms)
 
     def _write_run(self, job_id: str, partition: int, run: PlannedRun) -> None:
         # Cassandra's INSERT: the listed columns are overwritten, the others
@@ -542,6 +616,14 @@ class MemoryScheduleStore:
         if row is None:
             row = RunRow(job_id, run.run_at_ms, 0, run_id_for(job_id, run.run_at_ms, 0), run.due_ms, partition, "")
         self.tables.upsert_run(job_id, key, replace(row, state="cancelled", ended_at_ms=now_ms))
+
+
+def _ahead_of(run: PlannedRun | None, mark: int | None) -> PlannedRun | None:
+    """The Cassandra store's: a run due at or behind its partition's
+    watermark goes ahead of it, at the same schedule time."""
+    if run is None or mark is None or run.due_ms > mark:
+        return run
+    return PlannedRun(run.run_at_ms, mark + AHEAD_OF_WATERMARK_MS)
 
 
 def _newest_first(runs: Mapping[RunKey, RunRow]) -> list[RunRow]:

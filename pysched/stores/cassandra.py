@@ -17,7 +17,11 @@ Tables (keyspace from the config):
   which every client reads instead of taking it from its configuration.
 
 Writes that acknowledge a registration use QUORUM; job creation and state
-changes that must not race use lightweight transactions.
+changes that must not race use lightweight transactions. A registration (or
+a reschedule) reads the watermarks before it writes its run and again after:
+a run due at or behind its partition's watermark, which no leader would
+read, is stored ahead of it, and so is one the watermark passed while it
+was being written (AHEAD_OF_WATERMARK_MS, _keep_ahead).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pysched.config import ClusterConfig, host_port
 from pysched.model import Job, plannable_job
 from pysched.protocols import (
     DEFAULT_PARTITIONS,
+    NEAR_MS,
     SETTLE_MS,
     DispatchOutcome,
     Fences,
@@ -67,6 +72,16 @@ BUCKET_MS = 60_000
 HAND_BACK_MS = 1_000
 # Watermarks move in steps of this much at least: fewer fenced writes.
 WATERMARK_STEP_MS = 5_000
+# A run registered (or rescheduled) due at or behind its partition's
+# watermark would never be read: the watermark says everything due by then
+# was handed on. It is stored due this far past the watermark instead, past
+# any watermark a leader whose last read began before the row landed may
+# still record: the one stored trails that by up to a reload period (under
+# NEAR_MS, see LeaderConfig) and the seconds between two moves (under
+# SETTLE_MS). A registration's change notice has the leader read the row at
+# once; to that leader it is due within about NEAR_MS, whatever the
+# registrant's clock said.
+AHEAD_OF_WATERMARK_MS = NEAR_MS + SETTLE_MS
 # A registration that died half-way holds its id this long.
 REGISTERING_GRACE_MS = 60_000
 # A registration's lightweight transaction that timed out is tried this many
@@ -74,6 +89,9 @@ REGISTERING_GRACE_MS = 60_000
 _CAS_ATTEMPTS = 5
 _AMBIGUOUS = (WriteTimeout, OperationTimedOut)
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+# How often a registration's run is placed ahead of a watermark that keeps
+# passing it while it is written.
+_PLACE_ATTEMPTS = 5
 # Jobs whose runs one pruning step reads at once.
 _PRUNE_READ_JOBS = 256
 
@@ -211,6 +229,16 @@ def _settle_partitions(session: Session, keyspace: str, count: int) -> int:
     raise BackendUnavailable(f"cassandra: could not record the partition count of keyspace {keyspace}")
 
 
+def _ahead_of(run: PlannedRun | None, mark: int | None) -> PlannedRun | None:
+    """Where a registered run goes: where it was planned, unless that is at
+    or behind its partition's watermark (``mark``), which no leader reads
+    from; then ahead of it (AHEAD_OF_WATERMARK_MS). Its schedule time, and
+    so its identity, stays."""
+    if run is None or mark is None or run.due_ms > mark:
+        return run
+    return PlannedRun(run.run_at_ms, mark + AHEAD_OF_WATERMARK_MS)
+
+
 class CassandraScheduleStore:
     def __init__(self, session: Session, config: ClusterConfig) -> None:
         self.session = session
@@ -328,6 +356,15 @@ class CassandraScheduleStore:
         self._delete_runs_through = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms <= ?")
         self._delete_run = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?")
         self._delete_claim = p(f"DELETE FROM {ks}.claims WHERE idem_key = ?")
+        # A registration's run placed again ahead of the watermark (_keep_ahead).
+        self._run_handed_on = p(
+            f"SELECT state, dispatched_at_ms FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
+        )
+        self._set_run_due = p(
+            f"UPDATE {ks}.runs SET due_ms = ? WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
+        )
+        # Conditional: a reschedule that replaced the run meanwhile keeps its own.
+        self._set_next_due = p(f"UPDATE {ks}.jobs SET next_due_ms = ? WHERE job_id = ? IF next_run_at_ms = ?")
         self._wm_cache: dict[int, int] = {}
 
     # -- registration ---------------------------------------------------------
@@ -379,7 +416,11 @@ class CassandraScheduleStore:
             )
             if not retake.was_applied:
                 raise JobExists(f"job {job.id!r} already exists")
-        first = self._not_before_now(first)
+        # Read now, right before the write: the later, the fewer runs the
+        # watermark passes while they are written (_keep_ahead).
+        marks = self.watermarks()
+        planned = self._not_before_now(first, now_ms)
+        first = _ahead_of(planned, marks.get(partition))
         state = "active" if first else "completed"
         # One logged batch: the run's rows and the job's activation land
         # together or not at all, so an active job always has its next run.
@@ -391,8 +432,11 @@ class CassandraScheduleStore:
             (state, first.run_at_ms if first else None, first.due_ms if first else None, now_ms, job.id),
         )
         self.session.execute(batch)
-        if is_near(first, now_ms):
+        # A run placed ahead of the watermark is due about now to the leader.
+        if is_near(first, now_ms) or first != planned:
             self.session.execute(self._bump, (partition,))
+        if first is not None:
+            first = self._keep_ahead({job.id: (partition, first)}).get(job.id, first)
         return JobRecord(job, state, partition, jitter_ms, now_ms, first)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
@@ -407,11 +451,17 @@ class CassandraScheduleStore:
         existing: list[str] = []
         batches = []
         partitions: set[int] = set()
+        placed: dict[str, tuple[int, PlannedRun]] = {}
+        # One read for the whole call (see add_job).
+        marks = self.watermarks()
         for (job, partition, _, first), current in zip(items, in_the_way, strict=True):
             if current is not None:
                 existing.append(job.id)
                 continue
-            first = self._not_before_now(first)
+            planned = self._not_before_now(first, now_ms)
+            first = _ahead_of(planned, marks.get(partition))
+            if first is not None:
+                placed[job.id] = (partition, first)
             batch = BatchStatement(batch_type=BatchType.LOGGED)
             if first is not None:
                 self._add_run_rows(batch, job.id, partition, first)
@@ -426,19 +476,20 @@ class CassandraScheduleStore:
                 ),
             )
             batches.append((batch, None))
-            if is_near(first, now_ms):
+            if is_near(first, now_ms) or first != planned:
                 partitions.add(partition)
         for ok, result in execute_concurrent(self.session, batches, concurrency=128):
             if not ok:
                 raise result
         self._concurrent(self._bump, [(p,) for p in sorted(partitions)])
+        self._keep_ahead(placed)
         return existing
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         current = self._row(job.id)
         if current.state != "active":
             raise JobNotActive(f"job {job.id!r} is {current.state}")
-        first = self._not_before_now(first)
+        first = _ahead_of(self._not_before_now(first, now_ms), self.watermarks().get(current.partition))
         # Before the new spec is written: a worker that reads it (it reads
         # the job, then records the start) then finds its run cancelled.
         self._cancel_handed_on(job.id, now_ms)
@@ -461,6 +512,8 @@ class CassandraScheduleStore:
         if current.next_run_at_ms is not None and (first is None or first.run_at_ms != current.next_run_at_ms):
             self._drop_pending(job.id, current.partition, current.next_run_at_ms, current.next_due_ms, now_ms)
         self.session.execute(self._bump, (current.partition,))
+        if first is not None:
+            self._keep_ahead({job.id: (current.partition, first)})
         return self.get_job(job.id)
 
     def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
@@ -783,13 +836,71 @@ class CassandraScheduleStore:
         )
 
     @staticmethod
-    def _not_before_now(run: PlannedRun | None) -> PlannedRun | None:
-        """A run registered for a time already past fires now: a due time
-        behind the watermark would never be read again."""
-        now = time.time_ns() // 1_000_000
-        if run is None or run.due_ms >= now:
+    def _not_before_now(run: PlannedRun | None, now_ms: int) -> PlannedRun | None:
+        """A run registered for a time already past is due now: the caller's
+        now, from its injected clock. A registrant whose clock is behind the
+        leader's may still land behind the watermark: _ahead_of places it."""
+        if run is None or run.due_ms >= now_ms:
             return run
-        return PlannedRun(run.run_at_ms, now)
+        return PlannedRun(run.run_at_ms, now_ms)
+
+    def _keep_ahead(self, placed: Mapping[str, tuple[int, PlannedRun]]) -> dict[str, PlannedRun]:
+        """After registrations' runs were written (``placed``: job id ->
+        partition, run as written), read the watermarks again: a write that
+        landed late may find one moved to or past its run's due time by a
+        leader whose read missed the row, which no leader would ever read
+        then. Such a run gets a second schedule row ahead of the watermark
+        (the same run id: the old row, behind the watermark, is not read
+        again, and a read of both takes the run once, protocols.add_read_run),
+        its run row and its job's next run say the new due time, and its
+        partition's change notice makes the leader read it. A run handed on,
+        started or cancelled meanwhile is left as it is. Returns the runs
+        placed again, by job id."""
+        moved: dict[str, PlannedRun] = {}
+        pending = dict(placed)
+        for attempt in range(_PLACE_ATTEMPTS):
+            if not pending:
+                break
+            marks = self.watermarks()
+            behind = [(j, p, run) for j, (p, run) in pending.items() if p in marks and run.due_ms <= marks[p]]
+            if not behind:
+                break
+            if attempt + 1 == _PLACE_ATTEMPTS:
+                raise BackendUnavailable(
+                    f"cassandra: the watermark of partition {behind[0][1]} kept moving past the run of job"
+                    f" {behind[0][0]!r} while it was stored; cancel the job and register it again"
+                )
+            read = execute_concurrent_with_args(
+                self.session, self._run_handed_on, [(j, run.run_at_ms) for j, _, run in behind], concurrency=64
+            )
+            again: dict[str, tuple[int, PlannedRun]] = {}
+            for (job_id, p, run), (ok, result) in zip(behind, read, strict=True):
+                if not ok:
+                    raise result
+                row = result.one()
+                if row is None or row.state != "scheduled" or row.dispatched_at_ms is not None:
+                    continue
+                again[job_id] = (p, PlannedRun(run.run_at_ms, marks[p] + AHEAD_OF_WATERMARK_MS))
+            batches: list[tuple[BatchStatement, None]] = []
+            for job_id, (p, run) in again.items():
+                run_id = run_id_for(job_id, run.run_at_ms, 0)
+                batch = BatchStatement(batch_type=BatchType.LOGGED)
+                # Not _add_run_rows: the run row's state and attempt stay.
+                batch.add(
+                    self._insert_schedule, (run.due_ms // BUCKET_MS, p, run.due_ms, run_id, job_id, run.run_at_ms, 0)
+                )
+                batch.add(self._set_run_due, (run.due_ms, job_id, run.run_at_ms))
+                batches.append((batch, None))
+            for ok, result in execute_concurrent(self.session, batches, concurrency=128):
+                if not ok:
+                    raise result
+            self._concurrent(self._set_next_due, [(run.due_ms, j, run.run_at_ms) for j, (_, run) in again.items()])
+            self._concurrent(self._bump, [(p,) for p in sorted({p for p, _ in again.values()})])
+            if again:
+                log.warning("placed %d registered runs again ahead of a watermark that passed them", len(again))
+            moved.update((j, run) for j, (_, run) in again.items())
+            pending = again
+        return moved
 
     def _add_run_rows(self, batch: BatchStatement, job_id: str, partition: int, run: PlannedRun) -> None:
         run_id = run_id_for(job_id, run.run_at_ms, 0)
