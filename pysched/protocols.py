@@ -121,6 +121,15 @@ def add_read_run(rows: dict[int, Run], run: Run) -> None:
     rows[run.run_id] = earlier._replace(attempt=max(known.attempt, run.attempt))
 
 
+def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
+    """Whether a run rejected for its fence is still owed, given its row's
+    ``state`` and ``worker``: not when it started elsewhere, finished or was
+    cancelled; still when the only start is the rejected worker's own."""
+    if state == "scheduled":
+        return True
+    return state == "running" and started_by is not None and worker == started_by
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
@@ -314,11 +323,13 @@ class ScheduleStore(Protocol):
         """Per partition, the latest due time handed on."""
         ...
 
-    def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
+    def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         """A worker rejected ``record`` for its fence: a newer leader leads the
         partition, and the run, unless it started or ended meanwhile, must
-        reach that leader again (the claim keeps it to one effect). True if
-        it was handed back."""
+        reach that leader again (the claim keeps it to one effect). A start
+        recorded by ``started_by`` does not count: that worker tried to
+        start the run before the rejection, and never ran it. True if it
+        was handed back."""
         ...
 
     def raise_fence(self, partition: int, fence: int) -> None:

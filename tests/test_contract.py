@@ -338,6 +338,28 @@ def test_a_run_rejected_for_its_fence_reaches_the_new_leader(backend: Backend) -
     assert not store.hand_back(rejected, T0 + 30_400)
 
 
+def test_a_run_whose_start_was_recorded_by_the_worker_then_fenced_reaches_the_new_leader(backend: Backend) -> None:
+    # Found by the simulator (seed 5022): a worker's claim held, its start
+    # was recorded but the call timed out; its retry met the new leader's
+    # fence, and the hand-back found the run "started" and dropped it. The
+    # run never ran.
+    store, claims = backend.store, backend.claims
+    store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 30_000)
+    delivered = record(sent, 1)
+    assert claims.claim(delivered, "w1/1", T0 + 30_100, 1_000).outcome is ClaimOutcome.CLAIMED
+    assert store.run_started(delivered, "w1", T0 + 30_100)  # its answer lost
+    for p in range(4):
+        store.raise_fence(p, 2)
+    claims.raise_fence(0, 2)
+    assert claims.claim(delivered, "w1/1", T0 + 30_200, 1_000).outcome is ClaimOutcome.FENCED
+    store.hand_back(delivered, T0 + 30_200, started_by="w1")
+    # Once the fenced execution's claim has run out, the new leader has it.
+    assert [r.job_id for r in store.due_runs(every(2), T0 + 90_000, T0 + 31_300)] == ["o"]
+    # Started by another worker: that one runs it, and nothing is handed back.
+    assert not store.hand_back(delivered, T0 + 31_400, started_by="w9")
+
+
 def test_a_run_handed_back_ahead_of_the_watermark_is_read_once(backend: Backend) -> None:
     # Found by the paused-leader process test: the run's first row and the
     # row its hand-back added, read together, crashed the leader's wheel.

@@ -50,6 +50,7 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    still_owed,
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
@@ -390,10 +391,10 @@ class MemoryScheduleStore:
             if mark is not None and mark.fence < fence:
                 self.tables.marks[partition] = replace(mark, fence=fence)
 
-    def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
+    def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         with self._op("hand_back"):
             row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
-            if row is None or row.state != "scheduled":
+            if row is None or not still_owed(row.state, row.worker, started_by):
                 return False  # started, finished or cancelled since: nothing owed
             # A second schedule row, ahead of any watermark; the first stays.
             due = now_ms + HAND_BACK_MS

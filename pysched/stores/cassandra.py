@@ -61,6 +61,7 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    still_owed,
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
@@ -338,7 +339,9 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = ?, error = null"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
-        self._run_state = p(f"SELECT state FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?")
+        self._run_state = p(
+            f"SELECT state, worker FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
         self._run_finished = p(
             f"UPDATE {ks}.runs SET state = ?, ended_at_ms = ?, error = ?, result = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
@@ -589,12 +592,12 @@ class CassandraScheduleStore:
     def change_versions(self) -> dict[int, int]:
         return {int(r.partition): int(r.n) for r in self.session.execute(self._changes)}
 
-    def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
+    def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         # Its schedule row may lie behind the watermark the new leader reads
         # from (the old leader recorded it sent): a new row, due a moment from
         # now, and a change notice bring it into that leader's wheel.
         row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
-        if row is None or row.state != "scheduled":
+        if row is None or not still_owed(row.state, row.worker, started_by):
             return False  # started, finished or cancelled since: nothing owed
         due = now_ms + HAND_BACK_MS
         self.session.execute(

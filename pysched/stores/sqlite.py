@@ -190,9 +190,10 @@ class SQLiteScheduleStore:
             out.update((str(r[1]), RunRecord(*r)) for r in rows)
         return out
 
-    def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
+    def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         # Nothing to do: a run dispatched under an older fence is eligible
-        # again for the leader of a newer one (_ELIGIBLE).
+        # again for the leader of a newer one (_ELIGIBLE), and so is one
+        # marked running whose claim has ended or run out.
         return False
 
     def raise_fence(self, partition: int, fence: int) -> None:

@@ -56,6 +56,9 @@ class Execution:
     record: DispatchRecord
     holder: str
     ended: Ended | None = None
+    # Whether an attempt asked the store to mark the run started: an answer
+    # lost may have left it marked, though the target never ran.
+    start_asked: bool = False
 
 
 class Executor:
@@ -134,7 +137,7 @@ class Executor:
             if outcomes[i] not in _RUN:
                 continue
             execution = executions[i]
-            execution.ended = self._run(execution.record)
+            execution.ended = self._run(execution)
             if self.abandoned.is_set():
                 record = execution.record
                 log.warning("left %s run_at=%d unfinished: the pool stopped now", record.job_id, record.run_at_ms)
@@ -165,16 +168,18 @@ class Executor:
                 log.info("skipped %s: %s already succeeded", execution.record.job_id, execution.record.idempotency_key)
             elif claim.outcome is ClaimOutcome.BUSY:
                 log.info("waiting on %s: it runs elsewhere under a live lease", execution.record.idempotency_key)
-        self._hand_back(
-            [(e.record, c) for e, c in zip(executions, claims, strict=True) if c.outcome is ClaimOutcome.FENCED]
-        )
+        self._hand_back([(e, c) for e, c in zip(executions, claims, strict=True) if c.outcome is ClaimOutcome.FENCED])
         return [claim.outcome for claim in claims]
 
-    def _hand_back(self, rejected: Sequence[tuple[DispatchRecord, Claim]]) -> None:
+    def _hand_back(self, rejected: Sequence[tuple[Execution, Claim]]) -> None:
         """Runs sent by a leader that has lost the partition, perhaps before
-        it lost it: each is still owed, to the new leader."""
-        for record, claim in rejected:
-            handed_back = self.store.hand_back(record, self.clock.now_ms())
+        it lost it: each is still owed, to the new leader, even when an
+        earlier attempt of this execution got as far as marking it started
+        (its target never ran: a rejected attempt runs nothing)."""
+        for execution, claim in rejected:
+            record = execution.record
+            started_by = self.holder if execution.start_asked else None
+            handed_back = self.store.hand_back(record, self.clock.now_ms(), started_by)
             log.warning(
                 "rejected %s run_at=%d: fence %d is below the partition's %d (a stale leader)%s",
                 record.job_id,
@@ -184,9 +189,10 @@ class Executor:
                 "; handed back to its leader" if handed_back else "",
             )
 
-    def _run(self, record: DispatchRecord) -> Ended:
+    def _run(self, execution: Execution) -> Ended:
         """Run the target, unless the run was cancelled or replaced after it
         was handed on; what is to be recorded."""
+        record = execution.record
         try:
             job_record = self.store.get_job(record.job_id)
         except JobNotFound:
@@ -199,6 +205,7 @@ class Executor:
             return Ended("failed", error, None, self.clock.now_ms())
         if job_record is None or job_record.state == "cancelled":
             return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
+        execution.start_asked = True
         if not self.store.run_started(record, self.holder, self.clock.now_ms()):
             # Rescheduled after it was handed on: never runs, and its row
             # belongs to the cancellation.
