@@ -46,6 +46,7 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    started_attempt,
 )
 from pysched.records import DispatchRecord, idempotency_key
 
@@ -55,6 +56,8 @@ ROLE = "store"
 HAND_BACK_MS = 1_000
 WATERMARK_STEP_MS = 5_000
 _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+# A run in these states is owed to its leader: a hand-back brings it there.
+_OWED = frozenset({"scheduled", "interrupted"})
 # last_runs reads this many of a job's newest rows, as the Cassandra store.
 _LAST_RUNS_READ = 4
 
@@ -85,7 +88,7 @@ class RunRow:
     run_id: int
     due_ms: int
     partition: int
-    state: str  # scheduled | running | succeeded | failed | cancelled
+    state: str  # scheduled | running | succeeded | failed | cancelled | interrupted
     attempt: int = 0
     fence: int | None = None
     dispatched_at_ms: int | None = None
@@ -94,6 +97,9 @@ class RunRow:
     worker: str | None = None
     error: str | None = None
     result: str | None = None
+    # The attempt interrupted, while the run is: a dispatch since may have
+    # written the next one to ``attempt`` already, as on Cassandra.
+    interrupted_attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +321,7 @@ class MemoryScheduleStore:
     def hand_back(self, record: DispatchRecord, now_ms: int) -> bool:
         with self._op("hand_back"):
             row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
-            if row is None or row.state != "scheduled":
+            if row is None or row.state not in _OWED:
                 return False  # started, finished or cancelled since: nothing owed
             # A second schedule row, ahead of any watermark; the first stays.
             due = now_ms + HAND_BACK_MS
@@ -417,16 +423,24 @@ class MemoryScheduleStore:
 
     # -- the worker's side ----------------------------------------------------
 
-    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
         with self._op("run_started"):
             row = self._run_for(record)
             if row.state == "cancelled":
-                return False
+                return None
+            attempt = started_attempt(row.interrupted_attempt if row.state == "interrupted" else None, record.attempt)
             self._put_run(
-                record,
-                replace(row, state="running", started_at_ms=now_ms, worker=worker, attempt=record.attempt, error=None),
+                record, replace(row, state="running", started_at_ms=now_ms, worker=worker, attempt=attempt, error=None)
             )
-            return True
+            return attempt
+
+    def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
+        with self._op("run_interrupted"):
+            row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
+            if row is not None and row.state == "running":
+                attempt = record.attempt
+                ended = replace(row, ended_at_ms=now_ms, error=error, result=None)
+                self._put_run(record, replace(ended, state="interrupted", attempt=attempt, interrupted_attempt=attempt))
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
@@ -514,12 +528,12 @@ class MemoryScheduleStore:
         self.tables.put_schedule(ScheduleRow(partition, run.due_ms, run_id, job_id, run.run_at_ms, 0))
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
-        """Cancel the job's runs handed on and not started: they belong to
-        the schedule being replaced, and a worker starting one would read the
-        new spec. Before the job row changes, as on Cassandra: a worker that
+        """Cancel the job's runs handed on and not started, and those
+        interrupted: they belong to the schedule being replaced, and a worker
+        starting one would read the new spec. Before the job row changes, as on Cassandra: a worker that
         read the new spec finds its run cancelled."""
         for key, row in list(self.tables.runs.get(job_id, {}).items()):
-            if row.state == "scheduled" and row.dispatched_at_ms is not None:
+            if (row.state == "scheduled" and row.dispatched_at_ms is not None) or row.state == "interrupted":
                 self.tables.upsert_run(job_id, key, replace(row, state="cancelled", ended_at_ms=now_ms))
 
     def _drop_pending(self, job_id: str, partition: int, run: PlannedRun, now_ms: int) -> None:
