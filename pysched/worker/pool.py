@@ -1,6 +1,7 @@
 """The threads of a node's workers: ``concurrency`` delivery workers, each
 on a thread of its own that loops over its step, and one heartbeat thread
-that extends the claims of the runs in flight every ``heartbeat_ms``; if the
+that extends the claims of the runs in flight every ``heartbeat_ms``, until
+the last worker has finished (through the drain after a stop); if the
 pool dies, its claims expire after ``lease_ms`` and the runs are handed on
 again. A supervisor replaces any worker or heartbeat thread that ends before
 the stop, and logs it as an error.
@@ -166,5 +167,17 @@ class WorkerPool:
             consumer.close()
 
     def _heartbeat(self, stop: threading.Event) -> None:
-        while not stop.wait(self.config.heartbeat_ms / 1000):
-            self.executor.heartbeat_step(self.clock.now_ms())
+        """Beat until the workers have finished after the stop: a run that
+        goes on through the drain must keep its claim, or another node would
+        take it over and run it a second time beside it."""
+        beat_s = self.config.heartbeat_ms / 1000
+        next_beat = time.monotonic() + beat_s
+        while not self.executor.abandoned.wait(min(self.config.poll_s, beat_s)):
+            if stop.is_set() and not self._workers_alive():
+                return
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + beat_s
+                self.executor.heartbeat_step(self.clock.now_ms())
+
+    def _workers_alive(self) -> bool:
+        return any(t.is_alive() for name, t in list(self._threads.items()) if name != "pysched-heartbeat")
