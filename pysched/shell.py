@@ -94,15 +94,6 @@ def run_command(
                 _running.pop(proc, None)
 
 
-def kill_running() -> int:
-    """Kill every command running now, with its children; how many."""
-    with _running_lock:
-        procs = list(_running)
-    for proc in procs:
-        _signal_group(proc, signal.SIGKILL)
-    return len(procs)
-
-
 def stop_commands(stopping: threading.Event, wait_s: float) -> int:
     """Stop the commands started under ``stopping``, which the caller has
     set, with every process they started: SIGTERM to each one's process

@@ -305,7 +305,7 @@ def test_a_sibling_thread_of_the_same_node_does_not_take_over_a_run_in_flight(tm
         backends.close()
 
 
-# -- the stop: the drain ------------------------------------------------------
+# -- the stop: the grace period, then the interruption ------------------------
 
 
 def _alive(pid: int) -> bool:
@@ -316,7 +316,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended
 
 
-def test_a_run_keeps_its_claim_while_the_pool_drains(tmp_path: Path) -> None:
+def test_a_run_keeps_its_claim_through_the_grace_then_is_interrupted_and_let_go_of(tmp_path: Path) -> None:
     backends = open_embedded(tmp_path / "pysched.db")
     pid_file = tmp_path / "pid"
     stop = threading.Event()
@@ -324,7 +324,7 @@ def test_a_run_keeps_its_claim_while_the_pool_drains(tmp_path: Path) -> None:
     dispatcher = _ScriptedDispatcher([payload], stop)
     # A short lease, beaten often: it would run out within the wait below
     # were the claim not extended after the stop.
-    config = WorkerConfig(concurrency=1, lease_ms=2_000, heartbeat_ms=100)
+    config = WorkerConfig(concurrency=1, lease_ms=2_000, heartbeat_ms=100, kill_after_s=10)
     pool = WorkerPool(dispatcher, backends.claims, backends.store, SystemClock(), "node-1", config)
     record = native.decode(payload)
     pid = None
@@ -333,13 +333,22 @@ def test_a_run_keeps_its_claim_while_the_pool_drains(tmp_path: Path) -> None:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", 30, "the run to start")
         pid = int(pid_file.read_text())
         stop.set()
-        assert not pool.join(4.5), "the run went on through the drain"
+        assert not pool.join(4.5), "the run went on through the grace period"
         # Still its own: another node would not run it beside it.
         now = SystemClock().now_ms()
         assert backends.claims.claim(record, "node-2/1", now, 30_000).outcome is ClaimOutcome.BUSY
+        pool.interrupt("the test stopped the node")
+        wait_for(lambda: not pool.alive(), 10, "the worker and heartbeat threads to end")
+        wait_for(lambda: not _alive(pid), 10, "the command to be gone")
+        assert [(r.state, r.attempt) for r in backends.store.history("long")] == [("interrupted", 1)]
+        assert dispatcher.acked == []
+        assert pool.counts["interrupted"] == 1 and pool.counts["failed"] == 0
+        # Let go of: the next delivery takes it at once.
+        now = SystemClock().now_ms()
+        assert backends.claims.claim(record, "node-2/1", now, 30_000).outcome is ClaimOutcome.TAKEN_OVER
     finally:
         stop.set()
-        pool.abandon()
+        pool.interrupt("the test ended")
         backends.close()
         if pid is not None and _alive(pid):
             os.killpg(pid, signal.SIGKILL)
