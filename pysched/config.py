@@ -11,6 +11,7 @@
     kafka_partitions = 16
     history_days = 7                # finished runs older than this are pruned (0: never)
     history_keep = 1000             # and those beyond a job's newest 1000 (0: no limit)
+    grace_s = 30                    # after a stop, running jobs' time to finish (--grace wins)
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
 
@@ -32,6 +33,10 @@ import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# The longest grace period after a stop: a day is longer than any stop
+# should wait (--grace and grace_s alike).
+MAX_GRACE_S = 86_400
 
 
 class ConfigError(ValueError):
@@ -56,6 +61,13 @@ class ClusterConfig(BaseModel):
     history_days: int = Field(default=7, ge=0, le=36_500, description="days finished runs are kept; 0: no limit")
     history_keep: int = Field(
         default=1_000, ge=0, le=10_000_000, description="finished runs kept per job at most; 0: no limit"
+    )
+    grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=MAX_GRACE_S,
+        allow_inf_nan=False,
+        description="seconds running jobs may take to finish after a stop signal, then they are interrupted",
     )
 
 

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pysched.node")
 
+# How long a stopping node waits for a pruning pass to see the stop: its
+# deletes are transactions, so one cut short by the exit costs nothing.
+_PRUNING_JOIN_S = 10.0
+
 
 def node_id() -> str:
     """host:pid:random: unique per process, readable in `pysched status`."""
@@ -191,7 +195,10 @@ class Node:
         )
         self.pruner = HistoryPruner(backends.store, self.clock, backends.retention)
 
-    def run(self, stop: threading.Event, lead: bool = True, work: bool = True, drain_s: float = 10.0) -> None:
+    def run(self, stop: threading.Event, lead: bool = True, work: bool = True) -> None:
+        """Lead and work until ``stop``; then hand the partitions on, give
+        running runs the workers' grace period to finish, and interrupt
+        those that have not."""
         if work:
             self.workers.start(stop)
         pruning = None
@@ -211,14 +218,16 @@ class Node:
                 stop.wait()
         finally:
             stop.set()
-            if not self.workers.join(drain_s) and not self.workers.abandoned:
-                log.warning("jobs still running after %.0f s: stopping without them", drain_s)
-                self.workers.abandon()
+            grace_s = self.workers.config.grace_s
+            if not self.workers.join(grace_s) and not self.workers.abandoned:
+                log.warning("runs still running after the %g s grace period: interrupting them", grace_s)
+                self.workers.interrupt(f"the node stopped and its {grace_s:g} s grace period ran out")
             if pruning is not None:
-                pruning.join(drain_s)
+                pruning.join(_PRUNING_JOIN_S)
             self.backends.dispatcher.close()
 
     def stop_now(self) -> None:
-        """Stop without waiting for running jobs: their runs are handed on
-        again once their leases run out (another thread calls this)."""
-        self.workers.abandon()
+        """Interrupt the running runs without waiting out the grace period
+        (another thread calls this): their runs are recorded interrupted and
+        run again as new attempts."""
+        self.workers.interrupt("the node was stopped now")

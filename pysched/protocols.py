@@ -109,6 +109,17 @@ def delivery_for(handed_attempt: int, handed_fence: int | None, fence: int) -> i
     return handed_attempt + 1
 
 
+def started_attempt(interrupted_attempt: int | None, delivered_attempt: int) -> int:
+    """The attempt a start of a run is: its delivery's, but past the attempt
+    interrupted when the run's last attempt was (``interrupted_attempt``),
+    whichever delivery brings the run again (a leader's carries the next
+    attempt already; Kafka's may be the very record the stopped worker let
+    go of)."""
+    if interrupted_attempt is None:
+        return delivered_attempt
+    return max(interrupted_attempt + 1, delivered_attempt)
+
+
 def add_read_run(rows: dict[int, Run], run: Run) -> None:
     """Add a run read from a schedule row to ``rows`` (by run id). A run
     handed back has a second row, due later: the run is due once, at the
@@ -124,8 +135,9 @@ def add_read_run(rows: dict[int, Run], run: Run) -> None:
 def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
     """Whether a run rejected for its fence is still owed, given its row's
     ``state`` and ``worker``: not when it started elsewhere, finished or was
-    cancelled; still when the only start is the rejected worker's own."""
-    if state == "scheduled":
+    cancelled; still when it was interrupted, or when the only start is the
+    rejected worker's own."""
+    if state in ("scheduled", "interrupted"):
         return True
     return state == "running" and started_by is not None and worker == started_by
 
@@ -146,7 +158,9 @@ class RunRecord:
     job_id: str
     run_at_ms: int
     due_ms: int
-    state: str  # scheduled | dispatched | running | succeeded | failed | cancelled
+    # scheduled | dispatched | running | succeeded | failed | cancelled, or
+    # interrupted: stopped with its node, to run again as a new attempt.
+    state: str
     attempt: int
     fence: int | None
     dispatched_at_ms: int | None
@@ -306,9 +320,24 @@ class ScheduleStore(Protocol):
         ids."""
         ...
 
-    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
-        """Record the start; False when the run was cancelled (or replaced
-        by a reschedule) after it was handed on: it must not run."""
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
+        """Record the start; the attempt it is, or None when the run was
+        cancelled (or replaced by a reschedule) after it was handed on: it
+        must not run. The attempt is the record's, except after an
+        interruption (run_interrupted): a start is then one attempt past the
+        one interrupted, whichever delivery brings it (a leader's, as the
+        next attempt; Kafka's, the very record the stopped worker let go)."""
+        ...
+
+    def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
+        """Record that the run's execution was stopped before it ended (its
+        node stopped past its grace period), if the run is running: state
+        ``interrupted``, with ``error`` saying why. A run not running keeps
+        its record. The run is owed again, as a new attempt (run_started),
+        the way a run whose worker died is: its claim was let go, and its
+        delivery was not acknowledged, so the embedded engine's next leader
+        hands it on again and Kafka delivers it again. A reschedule cancels
+        it, as it does a run handed on and not started."""
         ...
 
     def run_finished(
@@ -326,10 +355,10 @@ class ScheduleStore(Protocol):
     def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         """A worker rejected ``record`` for its fence: a newer leader leads the
         partition, and the run, unless it started or ended meanwhile, must
-        reach that leader again (the claim keeps it to one effect). A start
-        recorded by ``started_by`` does not count: that worker tried to
-        start the run before the rejection, and never ran it. True if it
-        was handed back."""
+        reach that leader again (the claim keeps it to one effect); so must
+        a run interrupted, which is owed again. A start recorded by
+        ``started_by`` does not count: that worker tried to start the run
+        before the rejection, and never ran it. True if it was handed back."""
         ...
 
     def raise_fence(self, partition: int, fence: int) -> None:

@@ -2,8 +2,9 @@
 
 The command's output is streamed and only its tail is kept, so a job that
 prints gigabytes costs the node a few kilobytes. Each command runs in its own
-process group (a new session): a timeout, or a node that stops without
-waiting, kills the command and everything it started.
+process group (a new session): a timeout kills the command and everything it
+started, and a node that stops its runs (``stop_commands``) asks them to end
+with SIGTERM before it kills them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from dataclasses import dataclass
 TAIL_BYTES = 64 * 1024
 _READ_BYTES = 64 * 1024
 
-_running: set[subprocess.Popen[bytes]] = set()
+# Each command running, with the event its caller sets to stop it.
+_running: dict[subprocess.Popen[bytes], threading.Event | None] = {}
 _running_lock = threading.Lock()
+# How often a stop looks whether the groups it signalled have ended.
+_STOP_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,12 @@ class _Tail:
         return self._buffer.decode("utf-8", "replace")
 
 
-def run_command(command: str, env: Mapping[str, str], timeout_s: float | None) -> CommandResult:
+def run_command(
+    command: str, env: Mapping[str, str], timeout_s: float | None, stopping: threading.Event | None = None
+) -> CommandResult:
+    """Run ``command`` with ``sh -c``. ``stopping``: set by a caller about to
+    stop its commands (stop_commands); a command that starts after it was
+    set is killed at once, so none slips past the stop."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with subprocess.Popen(
         command,
@@ -63,7 +72,12 @@ def run_command(command: str, env: Mapping[str, str], timeout_s: float | None) -
         start_new_session=True,
     ) as proc:
         with _running_lock:
-            _running.add(proc)
+            _running[proc] = stopping
+            # Under the lock that stop_commands takes its list with: a
+            # command is either on that list or sees the event set.
+            late = stopping is not None and stopping.is_set()
+        if late:
+            _signal_group(proc, signal.SIGKILL)
         try:
             tails = _read_tails(proc, deadline)
             if tails is not None:
@@ -72,20 +86,29 @@ def run_command(command: str, env: Mapping[str, str], timeout_s: float | None) -
                     return CommandResult(proc.wait(remaining), *tails)
                 except subprocess.TimeoutExpired:
                     pass
-            _kill_group(proc)
+            _signal_group(proc, signal.SIGKILL)
             proc.wait()
             return CommandResult(None, "", "")
         finally:
             with _running_lock:
-                _running.discard(proc)
+                _running.pop(proc, None)
 
 
-def kill_running() -> int:
-    """Kill every command running now, with its children; how many."""
+def stop_commands(stopping: threading.Event, wait_s: float) -> int:
+    """Stop the commands started under ``stopping``, which the caller has
+    set, with every process they started: SIGTERM to each one's process
+    group, up to ``wait_s`` for the groups to end, then SIGKILL to what is
+    left. How many commands were running."""
     with _running_lock:
-        procs = list(_running)
+        procs = [proc for proc, event in _running.items() if event is stopping]
     for proc in procs:
-        _kill_group(proc)
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while any(_group_alive(proc) for proc in procs) and time.monotonic() < deadline:
+        time.sleep(_STOP_POLL_S)
+    for proc in procs:
+        if _group_alive(proc):
+            _signal_group(proc, signal.SIGKILL)
     return len(procs)
 
 
@@ -109,7 +132,21 @@ def _read_tails(proc: subprocess.Popen[bytes], deadline: float | None) -> tuple[
     return tails[proc.stdout.fileno()].text(), tails[proc.stderr.fileno()].text()
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    # Not reaped yet, so its pid is still the group's: no stranger is hit.
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    # A pid stays taken while a group of that number has a member, so this
+    # reaches the command's processes or none (pids are handed out in a
+    # cycle of millions: not again within a stop's few seconds).
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signum)
+
+
+def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether a process of the command's group is left (a zombie counts
+    until its parent reaps it: the command's thread does so at once)."""
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -56,11 +57,14 @@ def context_for(job: Job, record: DispatchRecord) -> RunContext:
     )
 
 
-def run_target(job: Job, ctx: RunContext) -> Outcome:
+def run_target(job: Job, ctx: RunContext, stopping: threading.Event | None = None) -> Outcome:
+    """Run the job's target for ``ctx``. ``stopping``: the event under which
+    a node stops the shell commands of its runs (shell.stop_commands); a
+    Python or HTTP target runs in the caller's thread, which nothing stops."""
     target = job.target
     try:
         if isinstance(target, ShellTarget):
-            return _run_shell(target, ctx)
+            return _run_shell(target, ctx, stopping)
         if isinstance(target, PythonTarget):
             return _run_python(target, ctx)
         return _run_http(target, ctx)
@@ -80,7 +84,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _run_shell(target: ShellTarget, ctx: RunContext) -> Outcome:
+def _run_shell(target: ShellTarget, ctx: RunContext, stopping: threading.Event | None) -> Outcome:
     env = dict(os.environ)
     env.update(
         PYSCHED_JOB_ID=ctx.job_id,
@@ -91,7 +95,7 @@ def _run_shell(target: ShellTarget, ctx: RunContext) -> Outcome:
         PYSCHED_IDEMPOTENCY_KEY=ctx.idempotency_key,
         PYSCHED_PAYLOAD=json.dumps(ctx.payload),
     )
-    ran = run_command(target.command, env, target.timeout_s)
+    ran = run_command(target.command, env, target.timeout_s, stopping)
     if ran.returncode is None:
         return Outcome(False, error=f"timed out after {target.timeout_s} s")
     out = ran.stdout_tail.strip()[-_OUTPUT_LIMIT:] or None

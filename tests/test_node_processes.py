@@ -221,7 +221,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_second_signal_stops_now_and_leaves_the_run_to_be_handed_on(tmp_path: Path, db_path: Path) -> None:
+def test_a_second_signal_interrupts_the_run_now(tmp_path: Path, db_path: Path) -> None:
     log = tmp_path / "node.log"
     node = start_node(db_path, tmp_path, log)
     shell_pid = None
@@ -241,10 +241,10 @@ def test_a_second_signal_stops_now_and_leaves_the_run_to_be_handed_on(tmp_path: 
         stop_node(node)
         if shell_pid is not None and _alive(shell_pid):
             os.killpg(shell_pid, signal.SIGKILL)
-    # Nothing recorded: the run keeps its claim until the lease runs out,
-    # then the next node runs it again.
-    assert [r["state"] for r in cli_json("history", "long", db=db_path)] == ["running"]
-    assert "left 1 runs unfinished (1 shell commands killed)" in log.read_text()
+    # Recorded interrupted, its claim let go of: the next node runs it
+    # again at once, as its next attempt.
+    assert [r["state"] for r in cli_json("history", "long", db=db_path)] == ["interrupted"]
+    assert "interrupted 1 runs (1 shell commands stopped)" in log.read_text()
 
 
 def test_a_thread_a_job_left_running_does_not_keep_up_from_stopping(tmp_path: Path, db_path: Path) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from pysched.model import Job
-from pysched.targets import RunContext, run_target
+from pysched.shell import stop_commands
+from pysched.targets import Outcome, RunContext, run_target
 from tests.helpers import wait_for
 
 CTX = RunContext(
@@ -130,6 +131,66 @@ def test_shell_timeout_kills_the_command_and_its_children(tmp_path: Path) -> Non
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def _in_thread(command: str, stopping: threading.Event) -> tuple[threading.Thread, list[Outcome]]:
+    outcomes: list[Outcome] = []
+    thread = threading.Thread(
+        target=lambda: outcomes.append(run_target(make({"kind": "shell", "command": command}), CTX, stopping))
+    )
+    thread.start()
+    return thread, outcomes
+
+
+def _pid_in(path: Path) -> int | None:
+    text = path.read_text().strip() if path.exists() else ""
+    return int(text) if text else None
+
+
+@pytest.mark.parametrize("ignores_term", [False, True])
+def test_a_stop_ends_the_command_and_its_children_asking_first(tmp_path: Path, ignores_term: bool) -> None:
+    # SIGTERM to the group first; what ignores it (a trap is inherited by
+    # the children) is killed when the wait is over.
+    trap = "trap '' TERM; " if ignores_term else ""
+    pid_file = tmp_path / "child.pid"
+    stopping = threading.Event()
+    thread, outcomes = _in_thread(f"{trap}sleep 60 & echo $! > {pid_file}; wait", stopping)
+    child = None
+    try:
+        wait_for(lambda: _pid_in(pid_file) is not None, 10, "the command to start")
+        child = _pid_in(pid_file)
+        assert child is not None
+        stopping.set()
+        assert stop_commands(stopping, 1.0 if ignores_term else 60.0) == 1
+        thread.join(10)
+        assert not thread.is_alive()
+        (out,) = outcomes
+        assert not out.succeeded
+        # Its pipes closed as it exited; it is gone a moment later.
+        wait_for(lambda: not _alive(child), 10, "the command's child to end")
+    finally:
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_command_starting_after_the_stop_is_killed_at_once(tmp_path: Path) -> None:
+    stopping = threading.Event()
+    stopping.set()
+    assert stop_commands(stopping, 0.1) == 0
+    marker = tmp_path / "ran"
+    thread, outcomes = _in_thread(f"sleep 2; touch {marker}", stopping)
+    thread.join(30)
+    (out,) = outcomes
+    assert not out.succeeded and not marker.exists()
+
+
+def test_a_stop_leaves_the_commands_of_other_callers_alone(tmp_path: Path) -> None:
+    ours, theirs = threading.Event(), threading.Event()
+    thread, outcomes = _in_thread(f"sleep 1; touch {tmp_path / 'done'}", theirs)
+    ours.set()
+    assert stop_commands(ours, 0.1) == 0
+    thread.join(30)
+    assert outcomes[0].succeeded and (tmp_path / "done").exists()
 
 
 def test_python_receives_the_context() -> None:

@@ -4,6 +4,8 @@ handle, and runs a key in one execution at a time."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -301,3 +303,52 @@ def test_a_sibling_thread_of_the_same_node_does_not_take_over_a_run_in_flight(tm
         assert [r.state for r in backends.store.history("held")] == ["succeeded"]
     finally:
         backends.close()
+
+
+# -- the stop: the grace period, then the interruption ------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has ended
+
+
+def test_a_run_keeps_its_claim_through_the_grace_then_is_interrupted_and_let_go_of(tmp_path: Path) -> None:
+    backends = open_embedded(tmp_path / "pysched.db")
+    pid_file = tmp_path / "pid"
+    stop = threading.Event()
+    (payload,) = _dispatched(backends, [_shell_job("long", f"echo $$ > {pid_file}; sleep 60")])
+    dispatcher = _ScriptedDispatcher([payload], stop)
+    # A short lease, beaten often: it would run out within the wait below
+    # were the claim not extended after the stop.
+    config = WorkerConfig(concurrency=1, lease_ms=2_000, heartbeat_ms=100, kill_after_s=10)
+    pool = WorkerPool(dispatcher, backends.claims, backends.store, SystemClock(), "node-1", config)
+    record = native.decode(payload)
+    pid = None
+    pool.start(stop)
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", 30, "the run to start")
+        pid = int(pid_file.read_text())
+        stop.set()
+        assert not pool.join(4.5), "the run went on through the grace period"
+        # Still its own: another node would not run it beside it.
+        now = SystemClock().now_ms()
+        assert backends.claims.claim(record, "node-2/1", now, 30_000).outcome is ClaimOutcome.BUSY
+        pool.interrupt("the test stopped the node")
+        wait_for(lambda: not pool.alive(), 10, "the worker and heartbeat threads to end")
+        wait_for(lambda: not _alive(pid), 10, "the command to be gone")
+        assert [(r.state, r.attempt) for r in backends.store.history("long")] == [("interrupted", 1)]
+        assert dispatcher.acked == []
+        assert pool.counts["interrupted"] == 1 and pool.counts["failed"] == 0
+        # Let go of: the next delivery takes it at once.
+        now = SystemClock().now_ms()
+        assert backends.claims.claim(record, "node-2/1", now, 30_000).outcome is ClaimOutcome.TAKEN_OVER
+    finally:
+        stop.set()
+        pool.interrupt("the test ended")
+        backends.close()
+        if pid is not None and _alive(pid):
+            os.killpg(pid, signal.SIGKILL)

@@ -6,7 +6,7 @@ acknowledges nothing unfinished. Nothing here sleeps or reads real time."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -25,19 +25,29 @@ from pysched.worker import DeliveryWorker, Executor, WorkerConfig
 T0 = 1_700_000_040_000
 CONFIG = WorkerConfig(lease_ms=30_000, retry_base_s=0.2, retry_max_s=10.0, busy_wait_ms=5_000)
 
-# The idempotency key of each start of the target below, in order.
+# The idempotency key and attempt of each start of the target below, in
+# order, and what a test has it do while it runs.
 _runs: list[str] = []
+_attempts: list[int] = []
+_while_running: list[Callable[[], None]] = []
 
 
 def count_run(ctx: RunContext) -> None:
     _runs.append(ctx.idempotency_key)
+    _attempts.append(ctx.attempt)
+    while _while_running:
+        _while_running.pop(0)()
 
 
 @pytest.fixture(autouse=True)
 def _no_runs_yet() -> Iterator[None]:
     _runs.clear()
+    _attempts.clear()
+    _while_running.clear()
     yield
     _runs.clear()
+    _attempts.clear()
+    _while_running.clear()
 
 
 def _job(job_id: str) -> Job:
@@ -323,3 +333,29 @@ def test_a_crash_between_recording_the_outcome_and_completing_the_claim_is_recov
     assert w.states("once") == ["succeeded"]
     rerun = survivor.claims.claim(record, "node-3", w.clock.now_ms(), CONFIG.lease_ms)
     assert rerun.outcome is ClaimOutcome.SUCCEEDED
+
+
+def test_a_run_interrupted_while_it_runs_is_delivered_again_at_once_as_its_next_attempt() -> None:
+    # What a node's pool does when the grace period runs out, here while
+    # the target runs: mark, (stop the shell commands,) record, stop.
+    w = World()
+    (record,) = w.dispatch("job")
+
+    def grace_ran_out() -> None:
+        w.executor.record_interrupted(w.executor.interrupt(), "the node stopped")
+        w.executor.abandoned.set()
+
+    _while_running.append(grace_ran_out)
+    assert w.step()
+    assert w.worker.finished
+    assert (w.acked(), _attempts) == (0, [1])
+    assert [(r.state, r.attempt) for r in w.leader.store.history("job")] == [("interrupted", 1)]
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "failed"
+    assert (w.executor.counts["interrupted"], w.executor.counts["succeeded"]) == (1, 0)
+    # The node's consumer leaves the group with it: another node is given
+    # the record, and runs it at once, within the lease the first held.
+    w.worker.consumer.close()
+    other = Executor(w.leader.claims, w.leader.store, w.clock, "node-2", CONFIG)
+    assert DeliveryWorker(w.node.dispatcher.consumer(), other, random.Random(7)).step(w.clock.now_ms())
+    assert (w.acked(), _attempts) == (1, [1, 2])
+    assert [(r.state, r.attempt) for r in w.leader.store.history("job")] == [("succeeded", 2)]

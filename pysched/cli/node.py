@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from pysched.cli.common import (
     iso,
 )
 from pysched.cli.signals import StopSignals
+from pysched.config import MAX_GRACE_S
 from pysched.demo import register_demo_jobs
 from pysched.leader import RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
@@ -34,7 +36,8 @@ from pysched.worker import WorkerConfig
 
 log = logging.getLogger("pysched")
 
-# After a second signal, how long the node may take to let go of its leases.
+# After a second signal, how long the node may take to let go of its leases
+# once its runs are interrupted.
 _STOP_NOW_S = 3.0
 
 
@@ -51,6 +54,23 @@ def _log_fire(event: RunDispatched) -> None:
 
 WorkersOption = Annotated[int, typer.Option("--workers", min=0, max=256, help="Worker threads (0 only with --config).")]
 QuietOption = Annotated[bool, typer.Option("--quiet", help="Do not log each fire and run.")]
+GraceOption = Annotated[
+    float | None,
+    typer.Option(
+        "--grace",
+        help="Seconds running jobs may take to finish after a stop signal before they are interrupted"
+        " (default 30; with --config, grace_s in the file).",
+    ),
+]
+
+
+def _grace(grace: float | None, config: str | None) -> float:
+    """The grace period: --grace, else the cluster config's, else 30 s."""
+    if grace is None:
+        return cluster_config(config).grace_s if config is not None else WorkerConfig.grace_s
+    if not math.isfinite(grace) or not 0 <= grace <= MAX_GRACE_S:
+        fail(f"--grace: seconds, a number from 0 to {MAX_GRACE_S:,}; got {grace}")
+    return grace
 
 
 def _open(db: str, config: str | None, coordinator: bool = True, access: Access = "create") -> Backends:
@@ -66,7 +86,7 @@ def _open(db: str, config: str | None, coordinator: bool = True, access: Access 
         fail(str(exc))
 
 
-def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str) -> None:
+def _serve(backends: Backends, workers: int, grace_s: float, quiet: bool, lead: bool, where: str) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
     # an error on a write, not the end of the node.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -77,7 +97,8 @@ def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str
     )
     # Python targets named module:function resolve against the working directory.
     sys.path.insert(0, str(Path.cwd()))
-    node = Node(backends, worker_config=WorkerConfig(concurrency=workers), on_dispatch=None if quiet else _log_fire)
+    config = WorkerConfig(concurrency=workers, grace_s=grace_s)
+    node = Node(backends, worker_config=config, on_dispatch=None if quiet else _log_fire)
     signals = StopSignals()
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
     try:
@@ -89,8 +110,9 @@ def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str
         backends.close()
     # Exit here, whether stopped gracefully or now: interpreter shutdown would
     # wait for every non-daemon thread, and a job may have left one running
-    # (after a stop now, also for the server drivers). What the node
-    # acknowledged is in the store already.
+    # (after a stop now, also for the server drivers); the exit also ends the
+    # thread of a Python job interrupted, which is recorded so already. What
+    # the node acknowledged is in the store already.
     logging.shutdown()
     sys.stdout.flush()
     os._exit(forced or 0)
@@ -99,10 +121,11 @@ def _serve(backends: Backends, workers: int, quiet: bool, lead: bool, where: str
 def _run_until_stopped(node: Node, signals: StopSignals, lead: bool, work: bool) -> int | None:
     """Run the node in a thread while this, the main thread, waits for
     signals. The first stops gracefully: the leader hands its partitions
-    on, running jobs get ``drain_s`` to finish. The second stops now: running
-    shell jobs are killed and nothing more is recorded, so their runs are
-    handed on again when their leases run out. None after a graceful stop;
-    after a forced one, the exit status (128 + the signal's number)."""
+    on, running jobs get the grace period to finish, then are interrupted.
+    The second interrupts them now. An interrupted run's shell command is
+    stopped with what it started, and the run recorded interrupted: it runs
+    again as a new attempt. None after a graceful stop; after a forced one,
+    the exit status (128 + the signal's number)."""
     stop = threading.Event()
     failures: list[BaseException] = []
 
@@ -119,10 +142,10 @@ def _run_until_stopped(node: Node, signals: StopSignals, lead: bool, work: bool)
         for signum in signals.wait(0.5):
             received += 1
             if received == 1:
-                log.info("stopping on signal %d: running jobs may finish; a second signal stops now", signum)
+                log.info("stopping on signal %d: running jobs may finish; a second signal interrupts them", signum)
                 stop.set()
             elif received == 2:
-                log.warning("stopping now on signal %d; unfinished runs are handed on again", signum)
+                log.warning("stopping now on signal %d: running jobs are interrupted and run again later", signum)
                 node.stop_now()
                 # A moment to hand leadership on cleanly; then go regardless.
                 running.join(_STOP_NOW_S)
@@ -149,6 +172,7 @@ def up(
             "--history-keep", min=0, max=10_000_000, help="Finished runs kept per job (default 1000; 0: no limit)."
         ),
     ] = None,
+    grace: GraceOption = None,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
@@ -158,12 +182,15 @@ def up(
     the history of what it leads (--history-days, --history-keep; on the
     cluster also history_days, history_keep in the configuration).
 
-    Ctrl-C or SIGTERM stops it, letting running jobs finish (up to 10 s); a
-    second one stops it now, and their runs are handed on again."""
+    Ctrl-C or SIGTERM stops it, letting running jobs finish within the
+    grace period (--grace, 30 s); then, or on a second signal, they are
+    interrupted (shell jobs: SIGTERM, 2 s, SIGKILL), recorded interrupted,
+    and run again as their next attempt by the next node."""
     if workers == 0 and config is None:
         # The embedded engine hands runs on through a queue inside this
         # process: with no worker here, nothing would ever run them.
         fail("--workers: 0 only makes sense with --config and separate `pysched worker` processes")
+    grace_s = _grace(grace, config)
     backends = _open(db, config)
     backends.retention = replace(
         backends.retention,
@@ -172,19 +199,23 @@ def up(
     )
     if demo:
         register_demo_jobs(backends.store, CLOCK.now_ms())
-    _serve(backends, workers, quiet, lead=True, where=config or db)
+    _serve(backends, workers, grace_s, quiet, lead=True, where=config or db)
 
 
 def worker(
     config: Annotated[str, typer.Option("--config", envvar="PYSCHED_CONFIG", help="TOML file naming the servers.")],
     workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Worker threads.")] = 4,
     quiet: QuietOption = False,
+    grace: GraceOption = None,
 ) -> None:
     """Run executors only, consuming the cluster's dispatch topic.
 
-    Ctrl-C or SIGTERM stops it, letting running jobs finish (up to 10 s); a
-    second one stops it now, and their runs are handed on again."""
-    _serve(_open(DEFAULT_DB, config, coordinator=False), workers, quiet, lead=False, where=config)
+    Ctrl-C or SIGTERM stops it, letting running jobs finish within the
+    grace period (--grace, 30 s); then, or on a second signal, they are
+    interrupted, recorded interrupted, and delivered again as their next
+    attempt."""
+    grace_s = _grace(grace, config)
+    _serve(_open(DEFAULT_DB, config, coordinator=False), workers, grace_s, quiet, lead=False, where=config)
 
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:

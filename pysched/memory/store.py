@@ -50,6 +50,7 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    started_attempt,
     still_owed,
     within_fences,
 )
@@ -95,7 +96,7 @@ class RunRow:
     run_id: int
     due_ms: int
     partition: int
-    state: str  # scheduled | running | succeeded | failed | cancelled
+    state: str  # scheduled | running | succeeded | failed | cancelled | interrupted
     attempt: int = 0
     fence: int | None = None
     dispatched_at_ms: int | None = None
@@ -104,6 +105,9 @@ class RunRow:
     worker: str | None = None
     error: str | None = None
     result: str | None = None
+    # The attempt interrupted, while the run is: a dispatch since may have
+    # written the next one to ``attempt`` already, as on Cassandra.
+    interrupted_attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,16 +509,24 @@ class MemoryScheduleStore:
 
     # -- the worker's side ----------------------------------------------------
 
-    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
         with self._op("run_started"):
             row = self._run_for(record)
             if row.state == "cancelled":
-                return False
+                return None
+            attempt = started_attempt(row.interrupted_attempt if row.state == "interrupted" else None, record.attempt)
             self._put_run(
-                record,
-                replace(row, state="running", started_at_ms=now_ms, worker=worker, attempt=record.attempt, error=None),
+                record, replace(row, state="running", started_at_ms=now_ms, worker=worker, attempt=attempt, error=None)
             )
-            return True
+            return attempt
+
+    def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
+        with self._op("run_interrupted"):
+            row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
+            if row is not None and row.state == "running":
+                attempt = record.attempt
+                ended = replace(row, ended_at_ms=now_ms, error=error, result=None)
+                self._put_run(record, replace(ended, state="interrupted", attempt=attempt, interrupted_attempt=attempt))
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
@@ -602,12 +614,12 @@ class MemoryScheduleStore:
         self.tables.put_schedule(ScheduleRow(partition, run.due_ms, run_id, job_id, run.run_at_ms, 0))
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
-        """Cancel the job's runs handed on and not started: they belong to
-        the schedule being replaced, and a worker starting one would read the
-        new spec. Before the job row changes, as on Cassandra: a worker that
+        """Cancel the job's runs handed on and not started, and those
+        interrupted: they belong to the schedule being replaced, and a worker
+        starting one would read the new spec. Before the job row changes, as on Cassandra: a worker that
         read the new spec finds its run cancelled."""
         for key, row in list(self.tables.runs.get(job_id, {}).items()):
-            if row.state == "scheduled" and row.dispatched_at_ms is not None:
+            if (row.state == "scheduled" and row.dispatched_at_ms is not None) or row.state == "interrupted":
                 self.tables.upsert_run(job_id, key, replace(row, state="cancelled", ended_at_ms=now_ms))
 
     def _drop_pending(self, job_id: str, partition: int, run: PlannedRun, now_ms: int) -> None:

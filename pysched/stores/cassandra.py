@@ -61,6 +61,7 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    started_attempt,
     still_owed,
     within_fences,
 )
@@ -164,8 +165,11 @@ SCHEMA = [
     "ALTER TABLE {ks}.schedule ADD IF NOT EXISTS (attempt int, fence bigint)",
     "CREATE TABLE IF NOT EXISTS {ks}.runs (job_id text, run_at_ms bigint, attempt_group int, run_id bigint,"
     " due_ms bigint, partition int, state text, attempt int, fence bigint, dispatched_at_ms bigint,"
-    " started_at_ms bigint, ended_at_ms bigint, worker text, error text, result text,"
+    " started_at_ms bigint, ended_at_ms bigint, worker text, error text, result text, interrupted_attempt int,"
     " PRIMARY KEY ((job_id), run_at_ms, attempt_group)) WITH CLUSTERING ORDER BY (run_at_ms DESC, attempt_group ASC)",
+    # The attempt interrupted, while the run is: a dispatch since (which
+    # writes attempt, never state) may have written the next one to attempt.
+    "ALTER TABLE {ks}.runs ADD IF NOT EXISTS (interrupted_attempt int)",
     # One Cassandra partition per schedule partition: the fenced LWTs of
     # different leaders never contend.
     "CREATE TABLE IF NOT EXISTS {ks}.watermarks (partition int PRIMARY KEY, fired_through_ms bigint, fence bigint)",
@@ -340,11 +344,16 @@ class CassandraScheduleStore:
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._run_state = p(
-            f"SELECT state, worker FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+            f"SELECT state, worker, interrupted_attempt FROM {ks}.runs"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._run_finished = p(
             f"UPDATE {ks}.runs SET state = ?, ended_at_ms = ?, error = ?, result = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._run_interrupted = p(
+            f"UPDATE {ks}.runs SET state = 'interrupted', attempt = ?, interrupted_attempt = ?, ended_at_ms = ?,"
+            " error = ?, result = null WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._job_run_states = p(
             f"SELECT run_at_ms, attempt_group, state, dispatched_at_ms FROM {ks}.runs WHERE job_id = ?"
@@ -727,15 +736,28 @@ class CassandraScheduleStore:
 
     # -- the worker's side ----------------------------------------------------
 
-    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
         row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is not None and row.state == "cancelled":
-            return False
+            return None
+        interrupted = row.interrupted_attempt if row is not None and row.state == "interrupted" else None
+        attempt = started_attempt(interrupted, record.attempt)
         self.session.execute(
             self._run_started,
-            (now_ms, worker, record.attempt, record.job_id, record.run_at_ms, record.attempt_group),
+            (now_ms, worker, attempt, record.job_id, record.run_at_ms, record.attempt_group),
         )
-        return True
+        return attempt
+
+    def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
+        # Read, then write, as run_finished: no Paxos round for it, and a
+        # run that ended (or never started) keeps its record.
+        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        if row is None or row.state != "running":
+            return
+        self.session.execute(
+            self._run_interrupted,
+            (record.attempt, record.attempt, now_ms, error, record.job_id, record.run_at_ms, record.attempt_group),
+        )
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
@@ -919,13 +941,14 @@ class CassandraScheduleStore:
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
         """Cancel the job's runs handed on and not started (a scheduled row
-        with a dispatch time): they belong to the schedule being replaced,
-        and a worker starting one would read the new spec. One partition
+        with a dispatch time), and those interrupted: they belong to the
+        schedule being replaced, and a worker starting one would read the
+        new spec. One partition
         read: a job's runs are bounded by its retention."""
         handed_on = [
             (now_ms, job_id, r.run_at_ms, r.attempt_group)
             for r in self.session.execute(self._job_run_states, (job_id,))
-            if r.state == "scheduled" and r.dispatched_at_ms is not None
+            if (r.state == "scheduled" and r.dispatched_at_ms is not None) or r.state == "interrupted"
         ]
         self._concurrent(self._cancel_run_in_group, handed_on)
 

@@ -32,9 +32,10 @@ from pysched.stores.sqlite_db import SQLiteDatabase
 # worker lease expired was lost with its worker, and so was one whose claim
 # ended but whose outcome never reached its row (the worker died between the
 # two writes): handed on again, it meets its claim, which records it or runs
-# it again as a new attempt.
+# it again as a new attempt. An interrupted run was let go of by its worker,
+# claim and all, and is owed again, whatever its fence.
 _ELIGIBLE = """(
-    runs.state = 'scheduled'
+    runs.state IN ('scheduled', 'interrupted')
     OR (runs.state = 'dispatched' AND runs.fence < :fence)
     OR (runs.state = 'running' AND EXISTS (
         SELECT 1 FROM claims c WHERE c.run_id = runs.run_id
@@ -107,10 +108,11 @@ class SQLiteScheduleStore:
                 raise JobNotActive(f"job {job.id!r} is {row[0]}")
             # A run handed on but not started belongs to the old schedule:
             # the worker would read the new spec when it starts it, so it is
-            # cancelled with the pending ones (run_started then refuses it).
+            # cancelled with the pending ones (run_started then refuses it);
+            # so is an interrupted run, which would start again.
             conn.execute(
                 "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ?"
-                " AND state IN ('scheduled', 'dispatched')",
+                " AND state IN ('scheduled', 'dispatched', 'interrupted')",
                 (now_ms, job.id),
             )
             conn.execute(
@@ -276,8 +278,9 @@ class SQLiteScheduleStore:
             # step): a crash before this commit leaves the runs scheduled, and
             # the next leader sends them again.
             conn.executemany(
-                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched') THEN 'dispatched'"
-                " ELSE state END, fence = ?, dispatched_at_ms = ?, attempt = max(attempt, ?) WHERE run_id = ?",
+                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted')"
+                " THEN 'dispatched' ELSE state END, fence = ?, dispatched_at_ms = ?, attempt = max(attempt, ?)"
+                " WHERE run_id = ?",
                 [(fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
             )
             # Planned from a read before this transaction: a job cancelled or
@@ -311,14 +314,25 @@ class SQLiteScheduleStore:
 
     # -- the worker's side ----------------------------------------------------
 
-    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> bool:
+    def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
+        # protocols.started_attempt: an interrupted run's attempt is the one
+        # interrupted (a dispatch since makes it 'dispatched').
         with self.db.transaction() as conn:
-            cur = conn.execute(
-                "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = max(attempt, ?),"
-                " error = NULL WHERE run_id = ? AND state != 'cancelled'",
+            row = conn.execute(
+                "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?,"
+                " attempt = max(attempt + (state = 'interrupted'), ?), error = NULL"
+                " WHERE run_id = ? AND state != 'cancelled' RETURNING attempt",
                 (now_ms, worker, record.attempt, record.run_id),
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+    def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "UPDATE runs SET state = 'interrupted', attempt = ?, ended_at_ms = ?, error = ?, result = NULL"
+                " WHERE run_id = ? AND state = 'running'",
+                (record.attempt, now_ms, error, record.run_id),
             )
-            return cur.rowcount == 1
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int

@@ -21,6 +21,12 @@ class WorkerConfig:
     # A run held elsewhere under a live lease is looked at again after this
     # long (or the lease, if shorter): it may have ended, or its lease died.
     busy_wait_ms: int = 5_000
+    # After a stop, how long running runs may take to finish before they are
+    # interrupted (Kubernetes' terminationGracePeriodSeconds, and its default).
+    grace_s: float = 30.0
+    # How long an interrupted shell command has to end after SIGTERM before
+    # SIGKILL: short, since the grace period came before it.
+    kill_after_s: float = 2.0
 
     def retry_cap_ms(self, failures: int) -> int:
         """The longest backoff before the retry that follows ``failures``

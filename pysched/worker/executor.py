@@ -9,6 +9,13 @@ claims of its executions still running, which ``heartbeat_step`` extends;
 an execution that ends without recording an outcome leaves its claim to run
 out, and the run is handed on again.
 
+When its node stops past the grace period, the executor interrupts the
+executions whose runs have not ended (``interrupt``, then, once their shell
+commands are stopped, ``record_interrupted``): each claim is let go of and
+each run recorded interrupted, so the run's next delivery is a new attempt
+at once, never a second copy beside a first still running; an outcome that
+arrives later is dropped.
+
 The calls take a batch of executions, each carrying how far it got: an
 attempt that failed halfway is repeated whole, and an execution whose run
 has ended only records it, never runs again. Today the batches are of one;
@@ -51,7 +58,9 @@ class Ended:
 @dataclass(eq=False)
 class Execution:
     """One execution of one delivery, through every attempt a failure costs
-    it: the holder of its claim, and how the run ended once it has."""
+    it: the holder of its claim, how the run ended once it has, and whether
+    it was interrupted (then it records nothing more, and its delivery is
+    let go of unacknowledged)."""
 
     record: DispatchRecord
     holder: str
@@ -59,6 +68,8 @@ class Execution:
     # Whether an attempt asked the store to mark the run started: an answer
     # lost may have left it marked, though the target never ran.
     start_asked: bool = False
+    interrupted: bool = False
+    attempt: int | None = None  # the attempt its start is, once started
 
 
 class Executor:
@@ -76,12 +87,16 @@ class Executor:
         self.holder = holder
         self.config = config or WorkerConfig()
         self.counts: Counter[str] = Counter()
-        # Set when the node stops now: no outcome is recorded from then on.
+        # Set once the node's runs are interrupted and recorded so: the
+        # workers record and acknowledge nothing more.
         self.abandoned = threading.Event()
+        # Set when the interruption begins: no target starts from then on,
+        # and the shell commands started under it are stopped.
+        self.interrupting = threading.Event()
         self._lock = threading.Lock()
         self._serial = itertools.count(1)
-        # Execution holder -> the idempotency key it has claimed and runs.
-        self._running: dict[str, str] = {}
+        # Execution holder -> the execution, while it holds a claim it runs.
+        self._running: dict[str, Execution] = {}
 
     def count(self, what: str) -> None:
         with self._lock:
@@ -111,12 +126,12 @@ class Executor:
         call; how many were extended. A failure is logged and left to the
         next beat: a lease outlives several."""
         with self._lock:
-            running = list(self._running.items())
+            running = list(self._running.values())
         if not running:
             return 0
         try:
             return self.claims.heartbeat(
-                [key for _, key in running], [holder for holder, _ in running], now_ms, self.config.lease_ms
+                [e.record.idempotency_key for e in running], [e.holder for e in running], now_ms, self.config.lease_ms
             )
         except Exception as exc:
             log.warning("heartbeat failed, will retry: %s", exc)
@@ -127,23 +142,57 @@ class Executor:
         run has ended in an earlier attempt, only record, since a run whose
         outcome failed to record must not run again. Returns each claim's
         outcome (CLAIMED for one that only recorded); BUSY means not yet
-        dealt with. Raises what a claims or store call raised: the attempt
-        is to be repeated, whole."""
+        dealt with; an interrupted execution is not attempted again. Raises
+        what a claims or store call raised: the attempt is to be repeated,
+        whole."""
         outcomes = [ClaimOutcome.CLAIMED] * len(executions)
-        fresh = [i for i, e in enumerate(executions) if e.ended is None]
+        fresh = [i for i, e in enumerate(executions) if e.ended is None and not e.interrupted]
         for i, outcome in zip(fresh, self._claim([executions[i] for i in fresh]), strict=True):
             outcomes[i] = outcome
         for i in fresh:
             if outcomes[i] not in _RUN:
                 continue
             execution = executions[i]
-            execution.ended = self._run(execution)
-            if self.abandoned.is_set():
-                record = execution.record
-                log.warning("left %s run_at=%d unfinished: the pool stopped now", record.job_id, record.run_at_ms)
-                return outcomes
+            ended = self._run(execution)
+            with self._lock:
+                if execution.interrupted:
+                    # Recorded interrupted, and perhaps already delivered
+                    # again: this outcome came too late to count.
+                    return outcomes
+                execution.ended = ended
         self._record([e for e in executions if e.ended is not None])
         return outcomes
+
+    def interrupt(self) -> list[Execution]:
+        """Begin the interruption: no target starts from now on, and the
+        executions whose runs have not ended are marked interrupted (an
+        outcome they reach later is dropped). Returns those, for
+        ``record_interrupted`` once their shell commands are stopped (under
+        ``interrupting``, see shell.stop_commands)."""
+        with self._lock:
+            self.interrupting.set()
+            marked = [e for e in self._running.values() if e.ended is None and not e.interrupted]
+            for execution in marked:
+                execution.interrupted = True
+        return marked
+
+    def record_interrupted(self, executions: Sequence[Execution], why: str) -> None:
+        """Let go of each claim and record each run interrupted, the claim
+        first (as in _record): the next delivery takes it over at once, as a
+        new attempt. A failed write is logged: that run's claim then runs
+        out, as a dead node's does."""
+        now_ms = self.clock.now_ms()
+        for execution in executions:
+            record = execution.record._replace(attempt=execution.attempt or execution.record.attempt)
+            try:
+                self.claims.complete(record.idempotency_key, execution.holder, False, None, now_ms)
+                self.store.run_interrupted(record, f"interrupted: {why}", now_ms)
+            except Exception as exc:
+                log.warning("could not record %s run_at=%d interrupted: %s", record.job_id, record.run_at_ms, exc)
+                continue
+            self.count("interrupted")
+            log.warning("interrupted %s run_at=%d attempt=%d: %s", record.job_id, record.run_at_ms, record.attempt, why)
+        self.end(executions)
 
     def _claim(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:
         """Take the runs' claims; each outcome is dealt with unless it says
@@ -158,7 +207,7 @@ class Executor:
                 self.counts[claim.outcome.value] += 1
                 if claim.outcome in _RUN:
                     # Extended by the heartbeat until the execution ends.
-                    self._running[execution.holder] = execution.record.idempotency_key
+                    self._running[execution.holder] = execution
         for execution, claim in zip(executions, claims, strict=True):
             if claim.outcome is ClaimOutcome.SUCCEEDED:
                 # Its history may not say so: the node that ran it may have
@@ -189,9 +238,10 @@ class Executor:
                 "; handed back to its leader" if handed_back else "",
             )
 
-    def _run(self, execution: Execution) -> Ended:
+    def _run(self, execution: Execution) -> Ended | None:
         """Run the target, unless the run was cancelled or replaced after it
-        was handed on; what is to be recorded."""
+        was handed on; what is to be recorded. None: interrupted before its
+        target started."""
         record = execution.record
         try:
             job_record = self.store.get_job(record.job_id)
@@ -206,13 +256,34 @@ class Executor:
         if job_record is None or job_record.state == "cancelled":
             return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
         execution.start_asked = True
-        if not self.store.run_started(record, self.holder, self.clock.now_ms()):
+        execution.attempt = self.store.run_started(record, self.holder, self.clock.now_ms())
+        if execution.attempt is None:
             # Rescheduled after it was handed on: never runs, and its row
             # belongs to the cancellation.
             return Ended(None, None, None, self.clock.now_ms())
+        with self._lock:
+            by_interrupt = execution.interrupted
+            execution.interrupted = by_interrupt or self.interrupting.is_set()
+        if execution.interrupted:
+            self._interrupted_before_start(execution, by_interrupt)
+            return None
         job = job_record.job
-        outcome = run_target(job, context_for(job, record))
+        outcome = run_target(job, context_for(job, record._replace(attempt=execution.attempt)), self.interrupting)
         return Ended("succeeded" if outcome.succeeded else "failed", outcome.error, outcome.result, self.clock.now_ms())
+
+    def _interrupted_before_start(self, execution: Execution, by_interrupt: bool) -> None:
+        """Its target will not start. Marked by ``interrupt``, which records
+        it, the run's history is written again: that may have been written
+        before this start made the run running. Else this records it."""
+        why = "the node stopped before it started"
+        if not by_interrupt:
+            self.record_interrupted([execution], why)
+            return
+        record = execution.record._replace(attempt=execution.attempt or execution.record.attempt)
+        try:
+            self.store.run_interrupted(record, f"interrupted: {why}", self.clock.now_ms())
+        except Exception as exc:
+            log.warning("could not record %s interrupted: %s", execution.record.job_id, exc)
 
     def _record(self, executions: Sequence[Execution]) -> None:
         """Record each run's end on its claim, then in its history; both

@@ -1,9 +1,14 @@
 """The threads of a node's workers: ``concurrency`` delivery workers, each
 on a thread of its own that loops over its step, and one heartbeat thread
-that extends the claims of the runs in flight every ``heartbeat_ms``; if the
+that extends the claims of the runs in flight every ``heartbeat_ms``, until
+the last worker has finished (through the grace period after a stop); if the
 pool dies, its claims expire after ``lease_ms`` and the runs are handed on
 again. A supervisor replaces any worker or heartbeat thread that ends before
 the stop, and logs it as an error.
+
+After the stop, the runs still running when the grace period is over (or on
+``interrupt``) are interrupted: their shell commands are asked to end, then
+killed, and each run is recorded interrupted with its claim let go of.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Callable
 from pysched import native
 from pysched.clock import Clock
 from pysched.protocols import ClaimOutcome, DispatchConsumer, Dispatcher, IdempotencyClaims, ScheduleStore
-from pysched.shell import kill_running
+from pysched.shell import stop_commands
 from pysched.worker.config import WorkerConfig
 from pysched.worker.executor import Executor
 from pysched.worker.step import DeliveryWorker
@@ -51,6 +56,9 @@ class WorkerPool:
         # The supervised threads by name, and the supervisor itself.
         self._threads: dict[str, threading.Thread] = {}
         self._supervisor: threading.Thread | None = None
+        # One interruption at a time: the grace running out and a second
+        # stop signal may both ask for it.
+        self._interrupt_lock = threading.Lock()
 
     def start(self, stop: threading.Event) -> None:
         for i in range(self.config.concurrency):
@@ -63,7 +71,7 @@ class WorkerPool:
 
     def join(self, timeout_s: float) -> bool:
         """Wait for the threads to end after the stop, at most ``timeout_s``
-        or until abandon(); whether they all ended."""
+        or until the runs are interrupted; whether they all ended."""
         deadline = time.monotonic() + timeout_s
         threads = [*self._threads.values(), *([self._supervisor] if self._supervisor else [])]
         for t in threads:
@@ -74,17 +82,23 @@ class WorkerPool:
                 t.join(min(remaining, 0.1))
         return not any(t.is_alive() for t in threads)
 
-    def abandon(self) -> None:
-        """Stop now: kill the shell commands running (with their children)
-        and record no outcome from here on. The runs left unfinished keep
-        their claims until the leases run out, then are handed on again."""
-        if self.abandoned:
-            return
-        self.executor.abandoned.set()
-        killed = kill_running()
-        unfinished = self.executor.running()
-        if unfinished:
-            log.warning("left %d runs unfinished (%d shell commands killed)", unfinished, killed)
+    def interrupt(self, why: str) -> None:
+        """Interrupt the runs still running: start no target from now on,
+        stop the shell commands (SIGTERM to each one's process group, up to
+        ``kill_after_s``, then SIGKILL), and record each run interrupted,
+        its claim let go of; then the workers record and acknowledge nothing
+        more. Their deliveries, unacknowledged, come again as new attempts.
+        A Python or HTTP target's thread cannot be stopped: its run is
+        recorded all the same, and the process's exit ends the thread."""
+        with self._interrupt_lock:
+            if self.abandoned:
+                return
+            executions = self.executor.interrupt()
+            stopped = stop_commands(self.executor.interrupting, self.config.kill_after_s)
+            self.executor.record_interrupted(executions, why)
+            self.executor.abandoned.set()
+        if executions:
+            log.warning("interrupted %d runs (%d shell commands stopped)", len(executions), stopped)
 
     @property
     def abandoned(self) -> bool:
@@ -146,8 +160,8 @@ class WorkerPool:
     def _consume(self, consumer: DispatchConsumer, stop: threading.Event) -> None:
         """Step a worker until it has finished after the stop. It waits in
         the consumer for a delivery when it holds none, and on the stop for
-        a backoff, or, once stopped, on the abandon: a run that has ended is
-        worth recording for as long as the drain lasts."""
+        a backoff, or, once stopped, until the interruption: a run that has
+        ended is worth recording for as long as the grace period lasts."""
         worker = DeliveryWorker(consumer, self.executor, self._new_rng())
         try:
             while True:
@@ -166,5 +180,17 @@ class WorkerPool:
             consumer.close()
 
     def _heartbeat(self, stop: threading.Event) -> None:
-        while not stop.wait(self.config.heartbeat_ms / 1000):
-            self.executor.heartbeat_step(self.clock.now_ms())
+        """Beat until the workers have finished after the stop: a run that
+        goes on through the grace period must keep its claim, or another
+        node would take it over and run it a second time beside it."""
+        beat_s = self.config.heartbeat_ms / 1000
+        next_beat = time.monotonic() + beat_s
+        while not self.executor.abandoned.wait(min(self.config.poll_s, beat_s)):
+            if stop.is_set() and not self._workers_alive():
+                return
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + beat_s
+                self.executor.heartbeat_step(self.clock.now_ms())
+
+    def _workers_alive(self) -> bool:
+        return any(t.is_alive() for name, t in list(self._threads.items()) if name != "pysched-heartbeat")

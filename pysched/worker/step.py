@@ -7,8 +7,8 @@ over: the same execution tries again after a full-jitter backoff, and the
 worker takes nothing else meanwhile, because on Kafka acknowledging a later
 record commits past it. A run held elsewhere under a live lease is looked at
 again later, the same way. A delivery is acknowledged once it is dealt with;
-one let go unfinished (at a stop, or when the node stops now) is not, and is
-delivered again.
+one let go unfinished (at a stop, or when its run is interrupted) is not, and
+is delivered again.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class DeliveryWorker:
     @property
     def finished(self) -> bool:
         """No step will do anything again: stopped and holding nothing, or
-        abandoned."""
+        abandoned (the node's runs were interrupted)."""
         return self.executor.abandoned.is_set() or (self._stopped and self._held is None)
 
     def stop(self) -> None:
@@ -110,7 +110,9 @@ class DeliveryWorker:
             held.failures += 1
             held.retry_at_ms = executor.clock.now_ms() + self._backoff_ms(held.failures)
             return
-        if executor.abandoned.is_set():
+        if executor.abandoned.is_set() or held.execution.interrupted:
+            # Not acknowledged: Kafka delivers the run again (the embedded
+            # engine's next leader hands it on again), as a new attempt.
             self._let_go()
         elif outcome is ClaimOutcome.BUSY:
             # Wait for it to finish or for its lease to die, then look again.
