@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -91,3 +92,62 @@ def test_invalid_expressions(expr: str, message: str) -> None:
 def test_unknown_zone() -> None:
     with pytest.raises(cron.CronError, match="unknown time zone"):
         cron.validate("* * * * *", "Nowhere/Land")
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+# Issue 11's reproducers: (expr, zone, after, the fires that must follow).
+REPRODUCERS = [
+    # Fixed hour, every 30 minutes through the repeated hour: once each, then the next day.
+    ("*/30 1 * * *", "America/New_York", "2027-11-07T04:00", ["11-07T05:00", "11-07T05:30", "11-08T06:00"]),
+    # Every 30 minutes in a skipped hour: one run at the gap's end.
+    ("*/30 2 * * *", "America/New_York", "2027-03-14T06:00", ["03-14T07:00", "03-15T06:00", "03-15T06:30"]),
+    # Every other hour: 02:00 is skipped and runs at 03:00.
+    ("0 */2 * * *", "America/New_York", "2027-03-14T06:30", ["03-14T07:00", "03-14T08:00"]),
+    # 02:30 happens twice in Berlin: it runs once.
+    ("30 */2 * * *", "Europe/Berlin", "2027-10-30T23:00", ["10-31T00:30", "10-31T03:30"]),
+    # The 6-field form follows the same rule.
+    ("0 30 1 * * *", "America/New_York", "2027-11-07T05:00", ["11-07T05:30", "11-08T06:30"]),
+    # Apia skipped 2011-12-30: its noon runs at the first instant after, in both forms.
+    ("0 0 12 * * *", "Pacific/Apia", "2011-12-29T12:00", ["12-29T22:00", "12-30T10:00", "12-30T22:00"]),
+    ("0 12 * * *", "Pacific/Apia", "2011-12-29T12:00", ["12-29T22:00", "12-30T10:00", "12-30T22:00"]),
+    # Lord Howe's 30-minute change: the 06:00 run is kept.
+    ("0 */6 * * *", "Australia/Lord_Howe", "2028-09-30T14:00", ["09-30T19:00", "10-01T01:00"]),
+    # Santiago changes at midnight: 00:00 does not exist and runs at 01:00.
+    ("0 0 * * *", "America/Santiago", "2026-09-05T12:00", ["09-06T04:00", "09-07T03:00"]),
+    # Every hour: both copies of a repeated hour, nothing for a skipped one.
+    ("0 * * * *", "America/New_York", "2027-11-07T04:30", ["11-07T05:00", "11-07T06:00", "11-07T07:00"]),
+    ("0 * * * *", "America/New_York", "2027-03-14T06:30", ["03-14T07:00", "03-14T08:00"]),
+]
+
+
+@pytest.mark.parametrize(("expr", "tz", "after", "expected"), REPRODUCERS)
+def test_dst_reproducers(expr: str, tz: str, after: str, expected: list[str]) -> None:
+    got = fires(expr, tz, utc(after), len(expected))
+    assert [g.strftime("%m-%dT%H:%M") for g in got] == expected
+
+
+def test_an_expression_cronsim_loops_on_is_answered_at_once() -> None:
+    # cronsim never returns on this one; pysched's evaluation is bounded.
+    after = utc("2027-04-03T08:53:44")
+    start = time.perf_counter()
+    got = fires("*/15 45-53/10 0-22/3 1-6 4 *", "Pacific/Chatham", after, 3)
+    assert time.perf_counter() - start < 1.0
+    assert got == [utc("2027-04-03T11:00:00"), utc("2027-04-03T11:00:15"), utc("2027-04-03T11:00:30")]
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("5-5/20 * * * *", ["00:05", "01:05"]),  # a step keeps its range's start: {5}
+        ("0 0 * * 1/2", ["01-02", "01-04", "01-05", "01-07"]),  # 1,3,5,7: Fri 2, Sun 4, Mon 5, Wed 7
+        ("0 0 13 * 5", ["01-02", "01-09"]),  # both day fields restricted: either matches
+        ("0 0 */13 * 5", ["02-27", "03-27"]),  # one starts with *: both must (a 1st, 14th, 27th, Friday)
+    ],
+)
+def test_field_semantics(expr: str, expected: list[str]) -> None:
+    got = fires(expr, "UTC", datetime(2026, 1, 1, tzinfo=UTC), len(expected))
+    fmt = "%H:%M" if ":" in expected[0] else "%m-%d"
+    assert [g.strftime(fmt) for g in got] == expected
