@@ -38,6 +38,7 @@ steps between offset changes, then answers "no further run".
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib import resources
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pysched import zones
@@ -52,6 +53,9 @@ MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
+# Zone names whose meaning is the machine's own configuration.
+MACHINE_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+MAX_EXPR_CHARS = 1_000
 HORIZON_YEARS = 100
 HORIZON_S = HORIZON_YEARS * 366 * 86_400
 STEP_BUDGET = 1_000
@@ -78,14 +82,32 @@ def expand(expr: str) -> str:
 def compile_expr(expr: str) -> Expr:
     """The parsed expression, cached: the scheduler evaluates the same few
     expressions over and over."""
+    if len(expr) > MAX_EXPR_CHARS:
+        raise CronError(f"longer than {MAX_EXPR_CHARS:,} characters ({len(expr):,})")
     try:
         return parse(expand(expr))
     except ExprError as exc:
         raise CronError(f"{exc} in {expr!r}") from None
 
 
+@lru_cache(maxsize=1)
+def _portable_zones() -> frozenset[str]:
+    """The IANA names the tzdata package ships: the same zones on every node."""
+    names = resources.files("tzdata").joinpath("zones").read_text().split()
+    return frozenset(names) - MACHINE_ZONES
+
+
 @lru_cache(maxsize=512)
 def _table(name: str) -> zones.ZoneTable:
+    if name in MACHINE_ZONES or name.startswith(("posix/", "right/")):
+        raise CronError(
+            f"time zone {name!r} depends on the machine it is read on; name a zone such as"
+            " Europe/Paris, which means the same on every node"
+        )
+    if name not in _portable_zones():
+        if name and (resources.files("tzdata") / "zoneinfo" / name).is_dir():
+            raise CronError(f"unknown time zone {name!r}: a region, not a zone (for example {name}/...)")
+        raise CronError(f"unknown time zone {name[:64]!r}")
     try:
         return zones.ZoneTable(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -99,7 +121,8 @@ def zone(name: str) -> ZoneInfo:
 
 def validate(expr: str, tz: str = "UTC") -> None:
     """Raise CronError naming what is wrong, or return when both are usable."""
-    compile_expr(expr)
+    if not compile_expr(expr).ever_fires():
+        raise CronError(f"{expr!r} never fires: no date matches its day, month and weekday fields")
     _table(tz)
 
 
@@ -145,10 +168,24 @@ def next_after(expr: str, tz: str, after_ms: int) -> int | None:
     return None if fire is None else fire * 1000
 
 
-def first_interval_ms(expr: str, tz: str, after_ms: int) -> int | None:
-    """The gap between the next two fire times: the job's period, roughly."""
-    first = next_after(expr, tz, after_ms)
-    if first is None:
-        return None
-    second = next_after(expr, tz, first)
-    return None if second is None else second - first
+# Any fixed instant would do (2001-01-01T00:00Z, a Monday): what matters is
+# that it is the same for every job and every day of registration.
+_REFERENCE_MS = 978_307_200_000
+_PERIOD_SAMPLES = 64
+
+
+@lru_cache(maxsize=4096)
+def nominal_period_ms(expr: str) -> int | None:
+    """The shortest gap between consecutive fires on a clock without offset
+    changes (UTC), over the first fires after a fixed instant: a job's period
+    from its expression alone, not from the day it is asked."""
+    at = next_after(expr, "UTC", _REFERENCE_MS)
+    shortest = None
+    for _ in range(_PERIOD_SAMPLES):
+        if at is None:
+            break
+        nxt = next_after(expr, "UTC", at)
+        if nxt is not None and (shortest is None or nxt - at < shortest):
+            shortest = nxt - at
+        at = nxt
+    return shortest

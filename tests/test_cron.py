@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from pysched import cron
+from pysched.model import Job
+from pysched.planning import jitter_for
 
 NY = ZoneInfo("America/New_York")
 
@@ -89,6 +92,52 @@ def test_invalid_expressions(expr: str, message: str) -> None:
         cron.validate(expr)
 
 
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("*/61 * * * *", "Bad minute: step 61 is outside 1-60"),
+        ("0 */25 * * *", "Bad hour: step 25 is outside 1-24"),
+        ("0 0 * * */8", "Bad day-of-week: step 8 is outside 1-7"),
+        ("0 " + "1" * 3000 + " * * *", "longer than 1,000 characters"),
+        ("0 " + "1" * 990 + " * * *", "Bad hour: 11111111... is too large"),
+        ("0 0 1/" + "7" * 900 + " * *", "Bad day-of-month: step"),
+        ("* " * 501, "longer than 1,000 characters"),
+    ],
+)
+def test_oversized_input_is_refused_at_once(expr: str, message: str) -> None:
+    best = float("inf")
+    for _ in range(5):
+        cron.compile_expr.cache_clear()
+        start = time.perf_counter()
+        with pytest.raises(cron.CronError, match=re.escape(message)):
+            cron.validate(expr)
+        best = min(best, time.perf_counter() - start)
+    assert best < 0.001
+
+
+@pytest.mark.parametrize("expr", ["0 0 */8 * 1#5", "0 0 31 2 *", "0 0 30 2 *", "0 0 */10 2 1#5"])
+def test_an_expression_that_never_fires_is_refused(expr: str) -> None:
+    with pytest.raises(cron.CronError, match="never fires"):
+        cron.validate(expr)
+
+
+@pytest.mark.parametrize("expr", ["0 0 29 2 *", "0 0 * 2 1#5", "0 0 LW 2 *", "0 0 31 * 5L"])
+def test_a_rare_expression_is_accepted(expr: str) -> None:
+    cron.validate(expr)
+    assert cron.next_after(expr, "UTC", ms(datetime(2026, 1, 1, tzinfo=UTC))) is not None
+
+
+@pytest.mark.parametrize("tz", ["localtime", "posixrules", "Factory", "posix/UTC", "right/UTC"])
+def test_machine_dependent_zones_are_refused(tz: str) -> None:
+    with pytest.raises(cron.CronError, match="depends on the machine"):
+        cron.validate("* * * * *", tz)
+
+
+def test_a_region_is_not_a_zone() -> None:
+    with pytest.raises(cron.CronError, match="a region, not a zone"):
+        cron.validate("* * * * *", "America")
+
+
 def test_unknown_zone() -> None:
     with pytest.raises(cron.CronError, match="unknown time zone"):
         cron.validate("* * * * *", "Nowhere/Land")
@@ -151,3 +200,21 @@ def test_field_semantics(expr: str, expected: list[str]) -> None:
     got = fires(expr, "UTC", datetime(2026, 1, 1, tzinfo=UTC), len(expected))
     fmt = "%H:%M" if ":" in expected[0] else "%m-%d"
     assert [g.strftime(fmt) for g in got] == expected
+
+
+def test_the_jitter_window_does_not_depend_on_the_day_of_registration() -> None:
+    job = Job.model_validate(
+        {
+            "id": "payroll",
+            "schedule": {"kind": "cron", "expr": "0 2,3 * * *", "tz": "Australia/Lord_Howe"},
+            "target": {"kind": "shell", "command": "true"},
+            "jitter_window_s": 3600,
+        }
+    )
+    # On Lord Howe's DST night 02:00 runs at 02:30 and 03:00 half an hour
+    # later: a period measured then would halve this job's window.
+    dst_night = fires("0 2,3 * * *", "Australia/Lord_Howe", utc("2028-09-30T14:00"), 2)
+    assert dst_night[1] - dst_night[0] == timedelta(minutes=30)
+    assert cron.nominal_period_ms("0 2,3 * * *") == 3_600_000
+    assert job.jitter_window_ms(cron.nominal_period_ms(job.schedule.expr)) == 3_600_000  # type: ignore[union-attr]
+    assert jitter_for(job) == jitter_for(Job.model_validate_json(job.model_dump_json()))
