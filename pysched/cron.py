@@ -189,3 +189,47 @@ def nominal_period_ms(expr: str) -> int | None:
             shortest = nxt - at
         at = nxt
     return shortest
+
+
+def dst_note(expr: str, tz: str, fire_ms: int) -> str | None:
+    """Why the DST rule put a fire where it is, or None for an ordinary one:
+    wall times of a gap moved (and merged) to its end, or a repeated wall time."""
+    ex, table = compile_expr(expr), _table(tz)
+    at = fire_ms // 1000
+    off = table.offset_at(at)
+    change = table.last_change(at, _REPEAT_WINDOW_S)
+    if change is not None:
+        when, before = change
+        if before < off and when == at and not ex.all_hours:
+            gap = _walls(ex, at + before, at + off - 1)
+            if gap:
+                merged = len(gap) > 1 or ex.next_wall(at + off, at + off) is not None
+                shown = ", ".join(_clock(w) for w in gap[:3]) + (", ..." if len(gap) > 3 else "")
+                verb = "merged" if merged else "moved"
+                return f"{verb}: {shown} did not exist (clocks jumped forward); run at the gap's end"
+        if before > off and at < when + (before - off):
+            return "repeated wall time: its second occurrence"
+    nxt = table.next_change(at, at + _REPEAT_WINDOW_S)
+    if nxt is not None:
+        after = table.offset_at(nxt)
+        if after < off and at >= nxt - (off - after):
+            if ex.all_hours:
+                return "repeated wall time: its first occurrence"
+            return "repeated wall time: runs once, at its first occurrence"
+    return None
+
+
+def _walls(ex: Expr, lo: int, hi: int) -> list[int]:
+    """Up to four selected wall times in [lo, hi]."""
+    out: list[int] = []
+    w = ex.next_wall(lo, hi)
+    while w is not None and len(out) < 4:
+        out.append(w)
+        w = ex.next_wall(w + 1, hi)
+    return out
+
+
+def _clock(wall: int) -> str:
+    h, rem = divmod(wall % 86_400, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h:02d}:{m:02d}" + (f":{s:02d}" if s else "")

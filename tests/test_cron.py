@@ -218,3 +218,19 @@ def test_the_jitter_window_does_not_depend_on_the_day_of_registration() -> None:
     assert cron.nominal_period_ms("0 2,3 * * *") == 3_600_000
     assert job.jitter_window_ms(cron.nominal_period_ms(job.schedule.expr)) == 3_600_000  # type: ignore[union-attr]
     assert jitter_for(job) == jitter_for(Job.model_validate_json(job.model_dump_json()))
+
+
+@pytest.mark.parametrize(
+    ("expr", "note"),
+    [
+        ("30 2 * * *", "moved: 02:30 did not exist"),
+        ("0,30 2 * * *", "merged: 02:00, 02:30 did not exist"),
+        ("0 2,3 * * *", "merged: 02:00 did not exist"),  # 03:00 is the same run
+        ("0 3 * * *", None),
+    ],
+)
+def test_dst_note_says_what_the_rule_did(expr: str, note: str | None) -> None:
+    fire = cron.next_after(expr, "America/New_York", ms(utc("2027-03-14T05:00")))
+    assert fire == ms(utc("2027-03-14T07:00"))
+    got = cron.dst_note(expr, "America/New_York", fire)
+    assert got == note if note is None else (got or "").startswith(note)
