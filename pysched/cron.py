@@ -172,20 +172,22 @@ def next_after(expr: str, tz: str, after_ms: int) -> int | None:
 # that it is the same for every job and every day of registration.
 _REFERENCE_MS = 978_307_200_000
 _PERIOD_SAMPLES = 64
+_PERIOD_SPAN_MS = 400 * 86_400_000
 
 
 @lru_cache(maxsize=4096)
 def nominal_period_ms(expr: str) -> int | None:
     """The shortest gap between consecutive fires on a clock without offset
-    changes (UTC), over the first fires after a fixed instant: a job's period
-    from its expression alone, not from the day it is asked."""
-    at = next_after(expr, "UTC", _REFERENCE_MS)
+    changes (UTC), among the first fires within about a year of a fixed
+    instant (None with fewer than two): a job's period from its expression
+    alone, not from the day it is asked."""
+    first = at = next_after(expr, "UTC", _REFERENCE_MS)
     shortest = None
     for _ in range(_PERIOD_SAMPLES):
-        if at is None:
+        if at is None or first is None or at - first > _PERIOD_SPAN_MS:
             break
         nxt = next_after(expr, "UTC", at)
-        if nxt is not None and (shortest is None or nxt - at < shortest):
+        if nxt is not None and nxt - first <= _PERIOD_SPAN_MS and (shortest is None or nxt - at < shortest):
             shortest = nxt - at
         at = nxt
     return shortest

@@ -18,6 +18,7 @@ from datetime import UTC, date, datetime
 from zoneinfo import ZoneInfo
 
 PROBE_S = 6 * 3600
+FIXED_ZONES = frozenset({"UTC", "UCT", "GMT", "GMT0", "GMT+0", "GMT-0", "Greenwich", "Universal", "Zulu"})
 DAY_S = 86_400
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 # Years whose instants datetime can express with any offset.
@@ -38,6 +39,8 @@ class ZoneTable:
     def __init__(self, name: str) -> None:
         self.name = name
         self.zone = ZoneInfo(name)
+        # UTC and the Etc/ zones never change offset: no year needs probing.
+        self._fixed = name in FIXED_ZONES or name.startswith("Etc/")
         # year -> (offset at the year's first instant, transition instants, offset from each on)
         self._years: dict[int, tuple[int, list[int], list[int]]] = {}
 
@@ -54,6 +57,8 @@ class ZoneTable:
 
     def _scan(self, year: int) -> tuple[int, list[int], list[int]]:
         start, end = _year_start(year), _year_start(year + 1)
+        if self._fixed:
+            return self._offset_probe(start), [], []
         first = prev = self._offset_probe(start)
         times: list[int] = []
         offsets: list[int] = []

@@ -234,3 +234,12 @@ def test_dst_note_says_what_the_rule_did(expr: str, note: str | None) -> None:
     assert fire == ms(utc("2027-03-14T07:00"))
     got = cron.dst_note(expr, "America/New_York", fire)
     assert got == note if note is None else (got or "").startswith(note)
+
+
+def test_a_rare_expression_has_no_nominal_period_and_costs_little() -> None:
+    # Fires decades apart (a fifth Monday in February): a period of more than
+    # a year caps no jitter window, and finding that must not take seconds.
+    start = time.perf_counter()
+    assert cron.nominal_period_ms("0 0 * 2 1#5") is None
+    assert cron.nominal_period_ms("0 0 1 1 *") == 365 * 86_400_000
+    assert time.perf_counter() - start < 0.5
