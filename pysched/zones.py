@@ -41,7 +41,7 @@ class ZoneTable:
         self.zone = ZoneInfo(name)
         # UTC and the Etc/ zones never change offset: no year needs probing.
         self._fixed = name in FIXED_ZONES or name.startswith("Etc/")
-        # year -> (offset at the year's first instant, transition instants, offset from each on)
+        # year -> (offset just before the year, transition instants, offset from each on)
         self._years: dict[int, tuple[int, list[int], list[int]]] = {}
 
     def _offset_probe(self, t: int) -> int:
@@ -56,18 +56,21 @@ class ZoneTable:
         return got
 
     def _scan(self, year: int) -> tuple[int, list[int], list[int]]:
+        """(offset just before the year, its changes, the offset from each).
+        Probing starts a second before the year so that a change at its very
+        first instant is one of its changes."""
         start, end = _year_start(year), _year_start(year + 1)
-        if self._fixed:
-            return self._offset_probe(start), [], []
-        first = prev = self._offset_probe(start)
+        first = prev = self._offset_probe(start - 1)
         times: list[int] = []
         offsets: list[int] = []
-        t = start
-        while t < end:
-            nxt = min(t + PROBE_S, end)
-            off = self._offset_probe(nxt) if nxt < end else self._offset_probe(end - 1)
+        if self._fixed:
+            return first, times, offsets
+        t = start - 1
+        while t < end - 1:
+            nxt = min(t + PROBE_S, end - 1)
+            off = self._offset_probe(nxt)
             if off != prev:
-                lo, hi = t, nxt if nxt < end else end - 1  # offset(lo) == prev, offset(hi) == off
+                lo, hi = t, nxt  # offset(lo) == prev, offset(hi) == off
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
                     if self._offset_probe(mid) == prev:

@@ -243,3 +243,10 @@ def test_a_rare_expression_has_no_nominal_period_and_costs_little() -> None:
     assert cron.nominal_period_ms("0 0 * 2 1#5") is None
     assert cron.nominal_period_ms("0 0 1 1 *") == 365 * 86_400_000
     assert time.perf_counter() - start < 0.5
+
+
+def test_an_offset_change_at_the_first_instant_of_a_year() -> None:
+    # Antarctica/Casey went from UTC to +08 at 1969-01-01T00:00Z: its 03:00
+    # of that day did not exist and runs at the gap's end.
+    got = fires("0 3 * * *", "Antarctica/Casey", utc("1968-12-31T12:00"), 2)
+    assert got == [utc("1969-01-01T00:00"), utc("1969-01-01T19:00")]
