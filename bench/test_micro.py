@@ -1,18 +1,22 @@
 """Native vs pure-Python reference, side by side in one run.
 
 Each benchmark group holds the two implementations of one piece on the same
-input; `python -m bench micro` turns the groups into ratios.
+input (native and reference; for cron, pysched and cronsim); `python -m bench
+micro` turns the groups into ratios.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
+from cronsim import CronSim
 
-from pysched import _codec, _loader, _native
+from pysched import _codec, _loader, _native, cron
 from pysched._reference import codec as ref_codec
 from pysched._reference import jitter as ref_jitter
 from pysched._reference import loader as ref_loader
@@ -119,3 +123,25 @@ def test_codec_decode_50k(benchmark: Any, impl: str) -> None:
     decode = DECODE[impl]
     out = benchmark(lambda: [decode(p) for p in payloads])
     assert out[-1].run_id == 49_999
+
+
+# Cron: pysched's evaluator against cronsim alone (its former engine), the
+# next fire after one instant; the parsed expression is cached in pysched as
+# the scheduler's repeated calls have it. cronsim is given its start as a
+# datetime already, so its figure leaves out a conversion pysched pays.
+CRON_CASES = {"*/5 * * * * UTC": ("*/5 * * * *", "UTC"), "30 2 * * * Europe/Berlin": ("30 2 * * *", "Europe/Berlin")}
+
+
+@pytest.mark.parametrize("case", list(CRON_CASES))
+@pytest.mark.parametrize("impl", ["pysched", "cronsim"])
+def test_cron_next_fire(benchmark: Any, impl: str, case: str) -> None:
+    expr, tz = CRON_CASES[case]
+    benchmark.group = f"cron next fire {case}"
+    after_ms = T0 + 123_456
+    expected = cron.next_after(expr, tz, after_ms)
+    if impl == "pysched":
+        got = benchmark(cron.next_after, expr, tz, after_ms)
+    else:
+        start = datetime.fromtimestamp(after_ms // 1000, ZoneInfo(tz))
+        got = benchmark(lambda: int(next(CronSim(expr, start)).timestamp()) * 1000)
+    assert got == expected

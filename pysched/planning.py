@@ -16,11 +16,13 @@ def partition_for(job_id: str, partitions: int) -> int:
     return int(native.shard_for(job_id, partitions))
 
 
-def jitter_for(job: Job, now_ms: int) -> int:
-    """The job's fixed offset within its jitter window (0 without one)."""
+def jitter_for(job: Job) -> int:
+    """The job's fixed offset within its jitter window (0 without one): a
+    function of its id and spec alone, so the same job gets the same offset
+    whichever day, DST night or not, it is registered on."""
     period = None
     if isinstance(job.schedule, CronSchedule):
-        period = cron.first_interval_ms(job.schedule.expr, job.schedule.tz, now_ms)
+        period = cron.nominal_period_ms(job.schedule.expr)
     window = job.jitter_window_ms(period)
     return int(native.jitter_offset(job.id, window)) if window > 0 else 0
 

@@ -18,7 +18,7 @@ from pysched.protocols import JobRecord, Registration, ScheduleStore
 def register(store: ScheduleStore, job: Job, now_ms: int) -> JobRecord:
     """Raises JobRejected (nothing stored) or JobExists."""
     admit(job, now_ms)
-    jitter_ms = jitter_for(job, now_ms)
+    jitter_ms = jitter_for(job)
     partition = partition_for(job.id, store.partitions)
     return store.add_job(job, partition, jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)
 
@@ -30,7 +30,7 @@ def register_many(store: ScheduleStore, jobs: Sequence[Job], now_ms: int) -> lis
         admit(job, now_ms)
     items: list[Registration] = []
     for job in jobs:
-        jitter_ms = jitter_for(job, now_ms)
+        jitter_ms = jitter_for(job)
         items.append((job, partition_for(job.id, store.partitions), jitter_ms, first_run(job, jitter_ms, now_ms)))
     return store.add_jobs(items, now_ms)
 
@@ -39,5 +39,5 @@ def reschedule(store: ScheduleStore, job_id: str, schedule: CronSchedule | OnceS
     check_schedule(schedule, now_ms)
     current = store.get_job(job_id).job
     job = Job.model_validate({**current.model_dump(), "schedule": schedule.model_dump()})
-    jitter_ms = jitter_for(job, now_ms)
+    jitter_ms = jitter_for(job)
     return store.reschedule(job, jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)

@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, settings
 # Profiles picked by environment: `fast` for the edit loop, `slow` for CI.
 settings.register_profile("fast", max_examples=60, deadline=None)
 settings.register_profile("slow", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The cron oracle's long form: tests/test_cron_oracle.py runs 10,000 cases.
+settings.register_profile("oracle", max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 PYSCHED = [sys.executable, "-m", "pysched"]

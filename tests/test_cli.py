@@ -55,6 +55,15 @@ from tests.helpers import PYSCHED, cli, cli_json
         ),
         (["--in", "3", "--http", "http://example.org/", "--method", ""], "--method: an HTTP method"),
         (["--in", "3", "--shell", "true", "--payload", "@/nonexistent/payload.json"], "--payload: cannot read"),
+        # Cron expressions and zones that cannot mean one thing on every node, or ever fire.
+        (["--cron", "0 0 * * *", "--tz", "America", "--shell", "true"], "--tz: unknown time zone 'America': a region"),
+        (["--cron", "0 0 * * *", "--tz", "localtime", "--shell", "true"], "--tz: time zone 'localtime' depends on"),
+        (["--cron", "0 0 * * *", "--tz", "Factory", "--shell", "true"], "--tz: time zone 'Factory' depends on"),
+        (["--cron", "0 0 * * *", "--tz", "posixrules", "--shell", "true"], "--tz: time zone 'posixrules' depends"),
+        (["--cron", "0 0 */8 * 1#5", "--shell", "true"], "--cron: '0 0 */8 * 1#5' never fires"),
+        (["--cron", "*/61 * * * *", "--shell", "true"], "--cron: Bad minute: step 61 is outside 1-60"),
+        (["--cron", "0 " + "9" * 990 + " * * *", "--shell", "true"], "--cron: Bad hour: 99999999... is too large"),
+        (["--cron", "* " * 600, "--shell", "true"], "--cron: longer than 1,000 characters"),
     ],
 )
 def test_bad_input_names_the_field_and_stores_nothing(db_path: Path, args: list[str], field: str) -> None:

@@ -45,7 +45,7 @@ def test_recurring_sustain_expects_what_pysched_plans(tmp_path: Path) -> None:
     assert dues[0] >= start and dues[-1] < start + 3 * 60_000 + 60_000
     assert len({d // 1000 for d in dues if d < start + 60_000}) > 40
     for job in load.jobs:
-        jitter = jitter_for(job, start - 5_000)
+        jitter = jitter_for(job)
         planned = first_run(job, jitter, start - 5_000)
         assert planned is not None
         for _ in range(3):

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from pysched.cli import jobs, node
+from pysched.cli import jobs, node, preview
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 jobs.register_commands(app)
 node.register_commands(app)
+preview.register_commands(app)
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ def make_jobs(rng: random.Random, count: int, world_id: str, start_ms: int, span
 
 def owed_runs(job: Job, registered_ms: int, until_ms: int) -> list[OwedRun]:
     """Every run of ``job`` due by ``until_ms``, as the schedule says."""
-    jitter = jitter_for(job, registered_ms)
+    jitter = jitter_for(job)
     out: list[OwedRun] = []
     match job.schedule:
         case OnceSchedule(run_at_ms=run_at):
