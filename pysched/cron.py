@@ -87,7 +87,8 @@ def compile_expr(expr: str) -> Expr:
     try:
         return parse(expand(expr))
     except ExprError as exc:
-        raise CronError(f"{exc} in {expr!r}") from None
+        shown = expr if len(expr) <= 80 else expr[:77] + "..."
+        raise CronError(f"{exc} in {shown!r}") from None
 
 
 @lru_cache(maxsize=1)
@@ -162,7 +163,11 @@ def next_after(expr: str, tz: str, after_ms: int) -> int | None:
     """The first fire time strictly after ``after_ms`` (epoch ms), or None when
     the expression fires no more within HORIZON_YEARS."""
     after = after_ms // 1000
-    if not zones.MIN_YEAR < zones.year_of(after) < zones.MAX_YEAR - HORIZON_YEARS:
+    try:
+        year = zones.year_of(after)
+    except (ValueError, OverflowError):
+        return None  # before year 1 or after 9999: no calendar to evaluate
+    if not zones.MIN_YEAR < year < zones.MAX_YEAR - HORIZON_YEARS:
         return None
     fire = _next_fire(compile_expr(expr), _table(tz), after)
     return None if fire is None else fire * 1000

@@ -51,9 +51,13 @@ def _int(f: int, text: str) -> int:
         return _NAMES[f][upper]
     if not text.isascii() or not text.isdigit():
         raise _bad(f, f"{text[:20]!r} is not a number")
-    if len(text) > MAX_NUMBER_DIGITS:
-        raise _bad(f, f"{text[:8]}... is too large")
-    value = int(text)
+    # Leading zeros are a number's own (cronsim read 00001 as 1); past
+    # them, more digits than any field's bound needs is refused unparsed.
+    digits = text.lstrip("0") or "0"
+    if len(digits) > MAX_NUMBER_DIGITS:
+        lo, hi = _BOUNDS[f]
+        raise _bad(f, f"a number of {len(digits)} digits is outside {lo}-{hi}")
+    value = int(digits)
     lo, hi = _BOUNDS[f]
     if not lo <= value <= hi:
         raise _bad(f, f"{value} is outside {lo}-{hi}")
@@ -75,7 +79,7 @@ def _term(f: int, text: str) -> set[int] | set[tuple[int, int]]:
     step, stepped = 1, "/" in text
     if stepped:
         text, step_text = text.split("/", 1)
-        if not step_text.isascii() or not step_text.isdigit() or len(step_text) > MAX_NUMBER_DIGITS:
+        if not step_text.isascii() or not step_text.isdigit() or len(step_text.lstrip("0")) > MAX_NUMBER_DIGITS:
             raise _bad(f, f"step {step_text[:8]!r} is not a number")
         step = int(step_text)
         if not 1 <= step <= _SPAN[f]:

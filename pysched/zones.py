@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from datetime import UTC, date, datetime
+from importlib import resources
 from zoneinfo import ZoneInfo
 
 PROBE_S = 6 * 3600
@@ -33,12 +34,22 @@ def _year_start(year: int) -> int:
     return (date(year, 1, 1).toordinal() - _EPOCH_ORDINAL) * DAY_S
 
 
+def load(name: str) -> ZoneInfo:
+    """The zone from the tzdata package pysched depends on, never from the
+    machine's own zoneinfo (which ``ZoneInfo(name)`` reads first): nodes
+    with different system tz data would fire the same job at different
+    instants."""
+    path = resources.files("tzdata").joinpath("zoneinfo", *name.split("/"))
+    with path.open("rb") as data:
+        return ZoneInfo.from_file(data, key=name)
+
+
 class ZoneTable:
     """Offsets of one zone; ``name`` must be a zone zoneinfo knows."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.zone = ZoneInfo(name)
+        self.zone = load(name)
         # UTC and the Etc/ zones never change offset: no year needs probing.
         self._fixed = name in FIXED_ZONES or name.startswith("Etc/")
         # year -> (offset just before the year, transition instants, offset from each on)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime
 from functools import lru_cache
+from importlib import resources
 from zoneinfo import ZoneInfo
 
 from cronsim import CronSim
@@ -25,10 +26,17 @@ def _six(expr: str) -> str:
     return " ".join(["0", *parts] if len(parts) == 5 else parts)
 
 
+def package_zone(tz: str) -> ZoneInfo:
+    """The zone as the tzdata package has it: the data pysched reads, not
+    the machine's own copy, which may be older or newer."""
+    with resources.files("tzdata").joinpath("zoneinfo", *tz.split("/")).open("rb") as data:
+        return ZoneInfo.from_file(data, key=tz)
+
+
 class Oracle:
     def __init__(self, expr: str, tz: str) -> None:
         self.cs = CronSim(_six(expr), datetime(2000, 1, 1))
-        self.zone = ZoneInfo(tz)
+        self.zone = package_zone(tz)
         self.all_hours = set(self.cs.hours) == set(range(24))
         self.seconds = sorted(self.cs.seconds)
 

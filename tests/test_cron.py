@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 import time
+import zoneinfo
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -99,7 +101,7 @@ def test_invalid_expressions(expr: str, message: str) -> None:
         ("0 */25 * * *", "Bad hour: step 25 is outside 1-24"),
         ("0 0 * * */8", "Bad day-of-week: step 8 is outside 1-7"),
         ("0 " + "1" * 3000 + " * * *", "longer than 1,000 characters"),
-        ("0 " + "1" * 990 + " * * *", "Bad hour: 11111111... is too large"),
+        ("0 " + "1" * 990 + " * * *", "Bad hour: a number of 990 digits is outside 0-23"),
         ("0 0 1/" + "7" * 900 + " * *", "Bad day-of-month: step"),
         ("* " * 501, "longer than 1,000 characters"),
     ],
@@ -250,3 +252,30 @@ def test_an_offset_change_at_the_first_instant_of_a_year() -> None:
     # of that day did not exist and runs at the gap's end.
     got = fires("0 3 * * *", "Antarctica/Casey", utc("1968-12-31T12:00"), 2)
     assert got == [utc("1969-01-01T00:00"), utc("1969-01-01T19:00")]
+
+
+def test_leading_zeros_keep_a_number_as_it_was() -> None:
+    # Stored before pysched parsed its own expressions: cronsim read 00001
+    # as minute 1, and such a job must keep firing after an upgrade.
+    assert cron.next_after("00001 * * * *", "UTC", 0) == 60_000
+    assert cron.next_after("*/015 * * * *", "UTC", 0) == 15 * 60_000
+
+
+def test_zones_come_from_the_tzdata_package_whatever_the_machine_has(tmp_path: Path) -> None:
+    # Nodes with different system tz data must fire a job at one instant: a
+    # machine whose own copy says Vancouver is UTC changes nothing.
+    from importlib import resources
+
+    from pysched import zones
+
+    fake = tmp_path / "America" / "Vancouver"
+    fake.parent.mkdir()
+    fake.write_bytes(resources.files("tzdata").joinpath("zoneinfo", "UTC").read_bytes())
+    zoneinfo.reset_tzpath(to=[str(tmp_path)])
+    zoneinfo.ZoneInfo.clear_cache()
+    try:
+        assert zoneinfo.ZoneInfo("America/Vancouver").utcoffset(datetime(2026, 1, 15)) == timedelta(0)
+        assert zones.load("America/Vancouver").utcoffset(datetime(2026, 1, 15)) == timedelta(hours=-8)
+    finally:
+        zoneinfo.reset_tzpath()
+        zoneinfo.ZoneInfo.clear_cache()

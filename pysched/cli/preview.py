@@ -44,9 +44,16 @@ def _start(value: str | None, tz: str) -> int:
         when = datetime.fromisoformat(value)
         if when.tzinfo is None:
             when = when.replace(tzinfo=cron.zone(tz))
-        return int(when.timestamp() * 1000)
+        at_ms = int(when.timestamp() * 1000)
     except (ValueError, OverflowError, OSError):
         fail(f"--from: not an ISO 8601 time: {value!r}")
+    # Schedules are evaluated from 1970 to 9000 (and a hundred years on).
+    if not 0 <= at_ms < _YEAR_9000_MS:
+        fail(f"--from: {value!r} is outside 1970-01-01 to 9000-01-01")
+    return at_ms
+
+
+_YEAR_9000_MS = int(datetime(9000, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
 
 def _fires(expr: str, tz: str, after_ms: int, count: int, jitter_ms: int | None) -> list[dict[str, Any]]:
