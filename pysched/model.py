@@ -11,7 +11,7 @@ import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pysched import cron
 
@@ -24,6 +24,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The context a store reads its jobs back in: a schedule that a later
+# version refuses (a zone that is machine-dependent, an expression that never
+# fires) is still shown, cancelled and rescheduled; planning reads the same
+# spec strictly (plannable_job) and leaves such a job unplanned.
+STORED: dict[str, bool] = {"stored": True}
+
+
+def _is_stored(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("stored"))
+
+
 class CronSchedule(_Strict):
     kind: Literal["cron"] = "cron"
     expr: str
@@ -31,12 +42,15 @@ class CronSchedule(_Strict):
 
     @field_validator("tz")
     @classmethod
-    def _known_zone(cls, tz: str) -> str:
-        cron.zone(tz)
+    def _known_zone(cls, tz: str, info: ValidationInfo) -> str:
+        if not _is_stored(info):
+            cron.zone(tz)
         return tz
 
     @model_validator(mode="after")
-    def _valid_expr(self) -> CronSchedule:
+    def _valid_expr(self, info: ValidationInfo) -> CronSchedule:
+        if _is_stored(info):
+            return self
         try:
             cron.validate(self.expr, self.tz)
         except cron.CronError as exc:
@@ -117,9 +131,14 @@ def plannable_job(job_id: str, spec: str) -> Job | None:
     try:
         return Job.model_validate_json(spec)
     except ValidationError as exc:
-        first = str(exc).splitlines()[1:2] or [str(exc)]
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error.get("loc", ())) or "job"
         logging.getLogger("pysched.model").error(
-            "job %r: its stored definition no longer validates (%s): no next run is planned", job_id, first[0].strip()
+            "job %r: its stored definition no longer validates (%s: %s): no next run is planned;"
+            " reschedule or cancel it",
+            job_id,
+            where,
+            error.get("msg", exc),
         )
         return None
 

@@ -151,3 +151,26 @@ def test_add_warns_when_no_scheduler_runs_on_the_database(db_path: Path) -> None
         assert quiet.stderr == ""
     finally:
         db.close()
+
+
+def test_a_job_a_later_version_refuses_is_still_listed_shown_and_cancelled(db_path: Path) -> None:
+    # Stored by a version that accepted it: an expression that never fires,
+    # a zone that depends on the machine. One such job once made `ls` and
+    # every command on that job fail.
+    cli("add", "stale", "--cron", "0 9 * * *", "--shell", "true", db=db_path)
+    cli("add", "other", "--cron", "0 9 * * *", "--shell", "true", db=db_path)
+    with sqlite3.connect(db_path) as conn:
+        spec = conn.execute("SELECT spec FROM jobs WHERE job_id = 'stale'").fetchone()[0]
+        spec = spec.replace('"0 9 * * *"', '"0 0 */8 * 1#5"').replace('"UTC"', '"localtime"')
+        conn.execute("UPDATE jobs SET spec = ? WHERE job_id = 'stale'", (spec,))
+    assert sorted(job["id"] for job in cli_json("ls", db=db_path)) == ["other", "stale"]
+    assert "1#5" in cli("show", "stale", db=db_path).stdout
+    cli("history", "stale", db=db_path)
+    # Its stored zone is kept unless another is given, and is refused as any
+    # new schedule's would be.
+    kept = cli("reschedule", "stale", "--cron", "0 1 * * *", db=db_path, check=False)
+    assert kept.returncode == 2 and "--tz: time zone 'localtime' depends on the machine" in kept.stderr
+    cli("reschedule", "stale", "--cron", "0 1 * * *", "--tz", "UTC", db=db_path)
+    assert cli_json("show", "stale", db=db_path)["schedule"]["expr"] == "0 1 * * *"
+    cli("cancel", "stale", db=db_path)
+    assert {job["id"]: job["state"] for job in cli_json("ls", db=db_path)}["stale"] == "cancelled"

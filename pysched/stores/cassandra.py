@@ -40,7 +40,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from pysched.config import ClusterConfig, host_port
-from pysched.model import Job, plannable_job
+from pysched.model import STORED, Job, plannable_job
 from pysched.protocols import (
     DEFAULT_PARTITIONS,
     NEAR_MS,
@@ -852,7 +852,7 @@ class CassandraScheduleStore:
         if row.state == "active" and row.next_run_at_ms is not None:
             nxt = PlannedRun(row.next_run_at_ms, row.next_due_ms)
         return JobRecord(
-            job=Job.model_validate_json(row.spec),
+            job=Job.model_validate_json(row.spec, context=STORED),
             state=row.state,
             partition=row.partition,
             jitter_ms=row.jitter_ms,

@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from pysched.model import Job, plannable_job
+from pysched.model import STORED, Job, plannable_job
 from pysched.protocols import (
     DispatchOutcome,
     Fences,
@@ -436,7 +436,7 @@ class SQLiteScheduleStore:
             .fetchone()
         )
         return JobRecord(
-            job=Job.model_validate_json(str(spec)),
+            job=Job.model_validate_json(str(spec), context=STORED),
             state=str(state),
             partition=int(str(partition)),
             jitter_ms=int(str(jitter_ms)),
