@@ -81,12 +81,13 @@ def test_the_watermark_hole_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -
 def test_the_checker_names_each_kind_of_violation() -> None:
     ledger = Ledger(ManualClock(0))
     owed = [OwedRun("a", "a", 1_000), OwedRun("b", "b", 1_000), OwedRun("c", "c", 10_000), OwedRun("d", "d", 1_000)]
-    ledger.executions += [
+    for execution in [
         Execution("b", 1_000),
         Execution("b", 1_500),  # twice
         Execution("c", 2_000),  # 8 s early
         Execution("d", 200_000),  # late, after the faults stopped
         Execution("x", 3_000),  # owed by nobody
-    ]
+    ]:
+        ledger.add(execution)
     kinds = sorted(v.kind for v in check_runs(owed, [], ledger, quiet_from_ms=-100_000))
     assert kinds == ["doubled", "early", "late", "lost", "unowed"]

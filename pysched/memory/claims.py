@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pysched.memory.faults import FaultHook, Guard
+from pysched.memory.rows import replace_row
 from pysched.protocols import Claim, ClaimOutcome
 from pysched.records import DispatchRecord
 
@@ -110,7 +111,7 @@ class MemoryClaims:
                 return Claim(ClaimOutcome.BUSY, fence_floor=floor)
             # A dead lease, a failed run, or this holder's own claim again:
             # the cluster's conditional take-over, which wins here.
-            t.rows[key] = replace(
+            t.rows[key] = replace_row(
                 row,
                 state="running",
                 holder=holder,
@@ -129,7 +130,7 @@ class MemoryClaims:
                 # Like the cluster's conditional update: a lease already
                 # expired is still extended while nobody has taken over.
                 if row is not None and row.holder == holder and row.state == "running":
-                    t.rows[key] = replace(row, lease_expires_ms=now_ms + lease_ms, updated_at_ms=now_ms)
+                    t.rows[key] = replace_row(row, lease_expires_ms=now_ms + lease_ms, updated_at_ms=now_ms)
                     extended += 1
         return extended
 
@@ -150,4 +151,4 @@ class MemoryClaims:
             if row is None or row.holder != holder or row.state != "running":
                 return  # no longer ours: whoever took over decides
             state = "succeeded" if succeeded else "failed"
-            t.rows[key] = replace(row, state=state, result=result, updated_at_ms=now_ms)
+            t.rows[key] = replace_row(row, state=state, result=result, updated_at_ms=now_ms)

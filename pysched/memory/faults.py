@@ -15,9 +15,9 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Literal, Protocol
 
 Phase = Literal["before", "midway", "after"]
@@ -103,15 +103,41 @@ class Guard:
         self.faults: FaultHook = faults if faults is not None else NoFaults()
         self.lock = lock
 
-    @contextmanager
-    def __call__(self, op: str) -> Iterator[None]:
-        with self.lock:
-            self.faults.check(self.role, op, "before")
-            yield
-            # Reached only when the operation returned: its effect stands.
-            self.faults.check(self.role, op, "after")
+    def __call__(self, op: str) -> _Operation:
+        return _Operation(self, op)
 
     def midway(self, op: str) -> None:
         """Between two requests of ``op`` (called under the lock): a failure
         here ends the call with what it wrote so far standing."""
         self.faults.check(self.role, op, "midway")
+
+
+class _Operation:
+    """One operation under its Guard: a plain context manager rather than a
+    generator one, as every call of every backend goes through it."""
+
+    __slots__ = ("_guard", "_op")
+
+    def __init__(self, guard: Guard, op: str) -> None:
+        self._guard = guard
+        self._op = op
+
+    def __enter__(self) -> None:
+        guard = self._guard
+        guard.lock.acquire()
+        try:
+            guard.faults.check(guard.role, self._op, "before")
+        except BaseException:
+            guard.lock.release()
+            raise
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        guard = self._guard
+        try:
+            if exc_type is None:
+                # Reached only when the operation returned: its effect stands.
+                guard.faults.check(guard.role, self._op, "after")
+        finally:
+            guard.lock.release()

@@ -26,11 +26,12 @@ import bisect
 import hashlib
 import threading
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pysched.clock import Clock
 from pysched.memory.claims import ClaimTables
 from pysched.memory.faults import FaultHook, Guard
+from pysched.memory.rows import replace_row
 from pysched.model import Job
 from pysched.protocols import (
     NEAR_MS,
@@ -297,11 +298,11 @@ class MemoryScheduleStore:
                         continue
                     new = PlannedRun(run.run_at_ms, marks[p] + AHEAD_OF_WATERMARK_MS)
                     self.tables.put_schedule(ScheduleRow(p, new.due_ms, row.run_id, job_id, run.run_at_ms, 0))
-                    self.tables.upsert_run(job_id, key, replace(row, due_ms=new.due_ms))
+                    self.tables.upsert_run(job_id, key, replace_row(row, due_ms=new.due_ms))
                     # IF next_run_at_ms = ?: a reschedule meanwhile keeps its run.
                     job = self.tables.jobs.get(job_id)
                     if job is not None and job.next_run is not None and job.next_run.run_at_ms == run.run_at_ms:
-                        self.tables.jobs[job_id] = replace(job, next_run=new)
+                        self.tables.jobs[job_id] = replace_row(job, next_run=new)
                     again[job_id] = (p, new)
                 for p in sorted({p for p, _ in again.values()}):
                     self.tables.bump(p)
@@ -321,7 +322,7 @@ class MemoryScheduleStore:
             if first is not None:
                 self._write_run(job.id, current.partition, first)
                 self._op.midway("reschedule")
-            self.tables.jobs[job.id] = replace(
+            self.tables.jobs[job.id] = replace_row(
                 current,
                 job=job,
                 jitter_ms=jitter_ms,
@@ -337,7 +338,7 @@ class MemoryScheduleStore:
         if first is not None:
             moved = self._keep_ahead({job.id: (current.partition, first)})
             if job.id in moved:
-                record = replace(record, next_run=moved[job.id])
+                record = replace_row(record, next_run=moved[job.id])
         return record
 
     def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
@@ -345,7 +346,7 @@ class MemoryScheduleStore:
             current = self._row(job_id)
             if current.state == "cancelled":
                 raise JobNotActive(f"job {job_id!r} is already cancelled")
-            self.tables.jobs[job_id] = replace(current, state="cancelled", next_run=None, updated_at_ms=now_ms)
+            self.tables.jobs[job_id] = replace_row(current, state="cancelled", next_run=None, updated_at_ms=now_ms)
             if current.next_run is not None:
                 self._drop_pending(job_id, current.partition, current.next_run, now_ms)
             self.tables.bump(current.partition)
@@ -393,7 +394,7 @@ class MemoryScheduleStore:
             mark = self.tables.marks.get(partition)
             # Conditional on an existing row, like the cluster's IF fence < f.
             if mark is not None and mark.fence < fence:
-                self.tables.marks[partition] = replace(mark, fence=fence)
+                self.tables.marks[partition] = replace_row(mark, fence=fence)
 
     def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         with self._op("hand_back"):
@@ -474,13 +475,15 @@ class MemoryScheduleStore:
             row = RunRow(
                 run.job_id, run.run_at_ms, run.attempt_group, run.run_id, run.due_ms, run.partition, "scheduled"
             )
-        self.tables.upsert_run(run.job_id, key, replace(row, fence=fence, dispatched_at_ms=now_ms, attempt=run.attempt))
+        self.tables.upsert_run(
+            run.job_id, key, replace_row(row, fence=fence, dispatched_at_ms=now_ms, attempt=run.attempt)
+        )
         # On Cassandra an update of a schedule row deleted meanwhile (its run
         # was cancelled) leaves a row with no run, which due_runs skips: as
         # if nothing were written.
         sched = self.tables.schedule.get((run.partition, run.due_ms, run.run_id))
         if sched is not None:
-            self.tables.put_schedule(replace(sched, attempt=run.attempt, fence=fence))
+            self.tables.put_schedule(replace_row(sched, attempt=run.attempt, fence=fence))
 
     def _store_next(self, next_runs: NextRuns, now_ms: int) -> list[Run]:
         # As the Cassandra store: the next run and the job's pointer to it
@@ -491,13 +494,13 @@ class MemoryScheduleStore:
             self._write_run(nxt.job_id, nxt.partition, nxt.run)
             current = self.tables.jobs.get(nxt.job_id)
             if current is not None:
-                self.tables.jobs[nxt.job_id] = replace(current, next_run=nxt.run, updated_at_ms=now_ms)
+                self.tables.jobs[nxt.job_id] = replace_row(current, next_run=nxt.run, updated_at_ms=now_ms)
             run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
             stored.append(Run(run_id, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0))
         for job_id in next_runs.completed:
             current = self.tables.jobs.get(job_id)
             if current is not None:
-                self.tables.jobs[job_id] = replace(current, state="completed", next_run=None, updated_at_ms=now_ms)
+                self.tables.jobs[job_id] = replace_row(current, state="completed", next_run=None, updated_at_ms=now_ms)
         return stored
 
     def _move_watermark(self, partition: int, through_ms: int, fence: int) -> None:
@@ -516,7 +519,8 @@ class MemoryScheduleStore:
                 return None
             attempt = started_attempt(row.interrupted_attempt if row.state == "interrupted" else None, record.attempt)
             self._put_run(
-                record, replace(row, state="running", started_at_ms=now_ms, worker=worker, attempt=attempt, error=None)
+                record,
+                replace_row(row, state="running", started_at_ms=now_ms, worker=worker, attempt=attempt, error=None),
             )
             return attempt
 
@@ -525,8 +529,10 @@ class MemoryScheduleStore:
             row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
             if row is not None and row.state == "running":
                 attempt = record.attempt
-                ended = replace(row, ended_at_ms=now_ms, error=error, result=None)
-                self._put_run(record, replace(ended, state="interrupted", attempt=attempt, interrupted_attempt=attempt))
+                ended = replace_row(row, ended_at_ms=now_ms, error=error, result=None)
+                self._put_run(
+                    record, replace_row(ended, state="interrupted", attempt=attempt, interrupted_attempt=attempt)
+                )
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
@@ -535,7 +541,7 @@ class MemoryScheduleStore:
             row = self._run_for(record)
             if row.state == "succeeded":
                 return
-            self._put_run(record, replace(row, state=state, ended_at_ms=now_ms, error=error, result=result))
+            self._put_run(record, replace_row(row, state=state, ended_at_ms=now_ms, error=error, result=result))
 
     def _run_for(self, record: DispatchRecord) -> RunRow:
         """The run's row, or the one an update would create on Cassandra (a
@@ -609,7 +615,7 @@ class MemoryScheduleStore:
         old = self.tables.runs.get(job_id, {}).get(key)
         new = RunRow(job_id, run.run_at_ms, 0, run_id, run.due_ms, partition, "scheduled")
         if old is not None:
-            new = replace(old, run_id=run_id, due_ms=run.due_ms, partition=partition, state="scheduled", attempt=0)
+            new = replace_row(old, run_id=run_id, due_ms=run.due_ms, partition=partition, state="scheduled", attempt=0)
         self.tables.upsert_run(job_id, key, new)
         self.tables.put_schedule(ScheduleRow(partition, run.due_ms, run_id, job_id, run.run_at_ms, 0))
 
@@ -620,7 +626,7 @@ class MemoryScheduleStore:
         read the new spec finds its run cancelled."""
         for key, row in list(self.tables.runs.get(job_id, {}).items()):
             if (row.state == "scheduled" and row.dispatched_at_ms is not None) or row.state == "interrupted":
-                self.tables.upsert_run(job_id, key, replace(row, state="cancelled", ended_at_ms=now_ms))
+                self.tables.upsert_run(job_id, key, replace_row(row, state="cancelled", ended_at_ms=now_ms))
 
     def _drop_pending(self, job_id: str, partition: int, run: PlannedRun, now_ms: int) -> None:
         self.tables.delete_schedule(partition, run.due_ms, run_id_for(job_id, run.run_at_ms, 0))
@@ -628,7 +634,7 @@ class MemoryScheduleStore:
         row = self.tables.runs.get(job_id, {}).get(key)
         if row is None:
             row = RunRow(job_id, run.run_at_ms, 0, run_id_for(job_id, run.run_at_ms, 0), run.due_ms, partition, "")
-        self.tables.upsert_run(job_id, key, replace(row, state="cancelled", ended_at_ms=now_ms))
+        self.tables.upsert_run(job_id, key, replace_row(row, state="cancelled", ended_at_ms=now_ms))
 
 
 def _ahead_of(run: PlannedRun | None, mark: int | None) -> PlannedRun | None:

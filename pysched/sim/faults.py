@@ -103,8 +103,8 @@ class NodeFaults:
             self._active.remove(event)
 
     def check(self, role: str, op: str, phase: Phase) -> None:
-        if role == "dispatcher" and op != "publish":
-            return  # consumers fail by ``rebalance``, not here
+        if not self._active or (role == "dispatcher" and op != "publish"):
+            return  # nothing failing now (no draw either); consumers fail by ``rebalance``
         with self._lock:
             rates = [e.rate for e in self._active if _ROLE_OF.get(e.kind) == role]
         if rates and self._rng.random() < max(rates):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -11,7 +10,7 @@ from pysched.registry import register_many
 from pysched.sim.faults import KINDS, MAX_SKEW_MS, plan_faults
 from pysched.sim.invariants import FenceWatch, Violation, check_runs
 from pysched.sim.ledger import close_ledger, open_ledger
-from pysched.sim.workload import make_jobs, owed_runs
+from pysched.sim.workload import OwedRuns, make_jobs
 from pysched.sim.world import World
 
 # The world starts on a Monday, 00:00 UTC: a top-of-the-hour burst at once.
@@ -76,17 +75,13 @@ def simulate(config: SimConfig) -> SimReport:
                 break
             world.clock.advance(STEP_MS)
         judged_until = end - _UNJUDGED_MS
-        owed = [run for job in jobs for run in owed_runs(job, START_MS, judged_until)]
+        owed = OwedRuns(jobs, START_MS, judged_until)
         # A node whose clock runs ahead may start a run due just past the end.
-        later = [
-            run for job in jobs for run in owed_runs(job, START_MS, end + MAX_SKEW_MS) if run.due_ms > judged_until
-        ]
+        later = OwedRuns(jobs, START_MS, end + MAX_SKEW_MS, after_ms=judged_until)
         report.violations += check_runs(owed, later, ledger, plan.quiet_from_ms)
-        report.owed = len(owed)
-        report.executed = len(ledger.executions)
-        report.digest = hashlib.sha256("\n".join(f"{e.key} {e.at_ms}" for e in ledger.executions).encode()).hexdigest()[
-            :16
-        ]
+        report.owed = owed.count if owed.count is not None else sum(1 for _ in owed)
+        report.executed = ledger.executed
+        report.digest = ledger.digest()
         report.faults = world.faults_begun
         report.failed_calls = sum(node.faults.injected for node in world.nodes)
         return report

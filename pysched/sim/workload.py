@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pysched import cron
@@ -49,17 +50,39 @@ def make_jobs(rng: random.Random, count: int, world_id: str, start_ms: int, span
     return jobs
 
 
-def owed_runs(job: Job, registered_ms: int, until_ms: int) -> list[OwedRun]:
-    """Every run of ``job`` due by ``until_ms``, as the schedule says."""
+def owed_runs(job: Job, registered_ms: int, until_ms: int, after_ms: int | None = None) -> Iterator[OwedRun]:
+    """Every run of ``job`` due by ``until_ms`` (and after ``after_ms``, if
+    given), as the schedule says."""
     jitter = jitter_for(job)
-    out: list[OwedRun] = []
     match job.schedule:
         case OnceSchedule(run_at_ms=run_at):
-            if run_at + jitter <= until_ms:
-                out.append(OwedRun(idempotency_key(job.id, run_at, 0), job.id, run_at + jitter))
+            if run_at + jitter <= until_ms and (after_ms is None or run_at + jitter > after_ms):
+                yield OwedRun(idempotency_key(job.id, run_at, 0), job.id, run_at + jitter)
         case CronSchedule(expr=expr, tz=tz):
-            t = cron.next_after(expr, tz, registered_ms)
+            # A fire after ``after_ms - jitter`` is due after ``after_ms``.
+            since = registered_ms if after_ms is None else max(registered_ms, after_ms - jitter)
+            t = cron.next_after(expr, tz, since)
             while t is not None and t + jitter <= until_ms:
-                out.append(OwedRun(idempotency_key(job.id, t, 0), job.id, t + jitter))
+                yield OwedRun(idempotency_key(job.id, t, 0), job.id, t + jitter)
                 t = cron.next_after(expr, tz, t)
-    return out
+
+
+class OwedRuns:
+    """The runs a world's jobs owe in (``after_ms``, ``until_ms``], job by
+    job, made as they are read: a day's are millions. Each iteration makes
+    them again."""
+
+    def __init__(self, jobs: Sequence[Job], registered_ms: int, until_ms: int, after_ms: int | None = None) -> None:
+        self.jobs = jobs
+        self.registered_ms = registered_ms
+        self.until_ms = until_ms
+        self.after_ms = after_ms
+        self.count: int | None = None  # how many, once read to the end
+
+    def __iter__(self) -> Iterator[OwedRun]:
+        n = 0
+        for job in self.jobs:
+            for run in owed_runs(job, self.registered_ms, self.until_ms, self.after_ms):
+                n += 1
+                yield run
+        self.count = n
