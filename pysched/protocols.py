@@ -132,6 +132,15 @@ def add_read_run(rows: dict[int, Run], run: Run) -> None:
     rows[run.run_id] = earlier._replace(attempt=max(known.attempt, run.attempt))
 
 
+def runs_behind(
+    placed: Mapping[str, tuple[int, PlannedRun]], marks: Mapping[int, int]
+) -> list[tuple[str, int, PlannedRun]]:
+    """Of runs just registered (job id -> partition, run as written), those
+    whose partition's watermark (``marks``) has reached their due time: no
+    leader would read them again where they are."""
+    return [(job_id, p, run) for job_id, (p, run) in placed.items() if p in marks and run.due_ms <= marks[p]]
+
+
 def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
     """Whether a run rejected for its fence is still owed, given its row's
     ``state`` and ``worker``: not when it started elsewhere, finished or was

@@ -51,6 +51,7 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    runs_behind,
     started_attempt,
     still_owed,
     within_fences,
@@ -281,7 +282,7 @@ class MemoryScheduleStore:
             if not pending:
                 break
             marks = self.watermarks()
-            behind = [(j, p, run) for j, (p, run) in pending.items() if p in marks and run.due_ms <= marks[p]]
+            behind = runs_behind(pending, marks)
             if not behind:
                 break
             if attempt + 1 == _PLACE_ATTEMPTS:
