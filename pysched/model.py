@@ -96,6 +96,40 @@ class HttpTarget(_Strict):
 
 Target = Annotated[ShellTarget | PythonTarget | HttpTarget, Field(discriminator="kind")]
 
+# What a failed attempt can be retried for: a timeout, a connection that
+# failed, an HTTP 5xx (or 408, 429), an exception (a Python target's, by its
+# class name with ``exception:Name``; a shell command's non-zero exit). What
+# would fail again is never retried, whatever the list says: an HTTP 4xx, a
+# target that cannot be imported, a definition that no longer validates.
+RETRY_KINDS = ("timeout", "connect", "5xx", "exception")
+_RETRY_ON = re.compile(r"^(timeout|connect|5xx|exception(:[A-Za-z_][A-Za-z0-9_.]*)?)$")
+
+
+class RetryPolicy(_Strict):
+    """Celery's ``max_retries=3`` with ``retry_backoff``, capped at its
+    ``retry_backoff_max`` of 10 minutes: a failed run is tried again up to
+    ``retries`` times, each after a full-jitter delay, for the kinds of
+    failure in ``retry_on``."""
+
+    retries: int = Field(default=3, ge=0, le=100)
+    backoff_base_s: float = Field(default=10.0, gt=0, le=86_400, allow_inf_nan=False)
+    backoff_cap_s: float = Field(default=600.0, gt=0, le=86_400, allow_inf_nan=False)
+    retry_on: tuple[str, ...] = RETRY_KINDS
+
+    @field_validator("retry_on")
+    @classmethod
+    def _known_kinds(cls, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        for kind in kinds:
+            if not _RETRY_ON.match(kind):
+                raise ValueError(f"{kind!r} is not one of timeout, connect, 5xx, exception, exception:ClassName")
+        return kinds
+
+    @model_validator(mode="after")
+    def _cap_above_base(self) -> RetryPolicy:
+        if self.backoff_cap_s < self.backoff_base_s:
+            raise ValueError(f"backoff: the cap ({self.backoff_cap_s} s) is below the base ({self.backoff_base_s} s)")
+        return self
+
 
 class Job(_Strict):
     id: str = Field(pattern=JOB_ID_PATTERN)
@@ -108,6 +142,7 @@ class Job(_Strict):
     # What happens to runs missed while no scheduler was up; only the default
     # exists so far: one catch-up run, then the schedule resumes from now.
     catch_up: Literal["run_once"] = "run_once"
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
 
     def jitter_window_ms(self, period_ms: int | None) -> int:
         """The window this job's runs spread over, capped by its period so

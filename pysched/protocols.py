@@ -7,12 +7,13 @@ backend module is imported only where a node is assembled.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from pysched.model import Job
-from pysched.records import DispatchRecord
+from pysched.records import DispatchRecord, idempotency_key
 
 
 class JobExists(ValueError):
@@ -146,7 +147,7 @@ def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
     ``state`` and ``worker``: not when it started elsewhere, finished or was
     cancelled; still when it was interrupted, or when the only start is the
     rejected worker's own."""
-    if state in ("scheduled", "interrupted"):
+    if state in ("scheduled", "interrupted", "retrying"):
         return True
     return state == "running" and started_by is not None and worker == started_by
 
@@ -161,6 +162,54 @@ class JobRecord:
     next_run: PlannedRun | None
 
 
+class RunNotFound(LookupError):
+    """No run with this identity."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailedAttempt:
+    """One failed attempt of a run, kept with the run: what a dead letter
+    shows, and how many retries a run has had."""
+
+    attempt: int
+    worker: str | None
+    started_at_ms: int | None
+    ended_at_ms: int
+    error: str | None
+    # targets.Outcome.kind: timeout, connect, 5xx, 4xx, exception, import, ...
+    kind: str | None
+    # Whether this failure made the run a dead letter: retries after a
+    # redrive are counted from the last such failure.
+    dead_lettered: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "attempt": self.attempt,
+                "worker": self.worker,
+                "started_at_ms": self.started_at_ms,
+                "ended_at_ms": self.ended_at_ms,
+                "error": self.error,
+                "kind": self.kind,
+                "dead_lettered": self.dead_lettered,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> FailedAttempt:
+        data = json.loads(text)
+        return cls(
+            int(data["attempt"]),
+            data.get("worker"),
+            data.get("started_at_ms"),
+            int(data["ended_at_ms"]),
+            data.get("error"),
+            data.get("kind"),
+            bool(data.get("dead_lettered", False)),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     run_id: int
@@ -168,7 +217,8 @@ class RunRecord:
     run_at_ms: int
     due_ms: int
     # scheduled | dispatched | running | succeeded | failed | cancelled, or
-    # interrupted: stopped with its node, to run again as a new attempt.
+    # interrupted: stopped with its node, to run again as a new attempt, or
+    # retrying: failed, and owed again as the next attempt at ``due_ms``.
     state: str
     attempt: int
     fence: int | None
@@ -178,6 +228,14 @@ class RunRecord:
     worker: str | None
     error: str | None
     result: str | None
+    # The run's failed attempts, oldest first: filled by get_run and
+    # dead_letters, left empty by the history and last_runs reads.
+    failures: tuple[FailedAttempt, ...] = ()
+    attempt_group: int = 0
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.job_id, self.run_at_ms, self.attempt_group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +413,33 @@ class ScheduleStore(Protocol):
         """Record the outcome: ``state`` is succeeded, failed or cancelled.
         A run already recorded succeeded keeps its record: a redelivery of
         it (its claim succeeded) records its outcome again."""
+        ...
+
+    def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
+        """Record a failed attempt (kept with the run, once per attempt
+        number: a repeated call changes nothing more). With ``retry_due_ms``
+        the run is ``retrying``: owed again at that time, as the next
+        attempt of the same idempotency key, fired through the wheel like
+        any run. Without, it has failed for good and is a dead letter until
+        redriven or pruned with its history. A run that succeeded or was
+        cancelled meanwhile keeps its state; a run whose job was cancelled
+        is not retried, and ends cancelled."""
+        ...
+
+    def get_run(self, job_id: str, run_at_ms: int, attempt_group: int = 0) -> RunRecord:
+        """One run, with its failed attempts. Raises RunNotFound (a run
+        still waiting for its first dispatch is found)."""
+        ...
+
+    def dead_letters(self, limit: int = 1000) -> list[RunRecord]:
+        """Runs that failed for good, with their failed attempts, newest
+        failure first."""
+        ...
+
+    def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
+        """Make a dead letter owed again, at once, as the next attempt of the
+        same idempotency key (its failed attempts are kept; its retries
+        are counted again from the redrive). False when the run is not a dead letter."""
         ...
 
     def watermarks(self) -> dict[int, int]:

@@ -43,6 +43,11 @@ class Outcome:
     succeeded: bool
     result: str | None = None
     error: str | None = None
+    # What kind of failure (model.RETRY_KINDS, or one never retried:
+    # "4xx", "import"), and for an exception the names of its class and its
+    # bases, which ``exception:Name`` matches.
+    kind: str | None = None
+    exception_names: tuple[str, ...] = ()
 
 
 def context_for(job: Job, record: DispatchRecord) -> RunContext:
@@ -68,11 +73,30 @@ def run_target(job: Job, ctx: RunContext, stopping: threading.Event | None = Non
         if isinstance(target, PythonTarget):
             return _run_python(target, ctx)
         return _run_http(target, ctx)
+    except _Unimportable as exc:
+        return Outcome(False, error=str(exc)[:_OUTPUT_LIMIT], kind="import")
     except BaseException as exc:
         # A target's failure is the run's outcome, not the worker's: also
         # sys.exit(), KeyboardInterrupt or any BaseException it raises, which
         # would otherwise end the worker thread that runs it.
-        return Outcome(False, error=_describe(exc)[:_OUTPUT_LIMIT])
+        return Outcome(False, error=_describe(exc)[:_OUTPUT_LIMIT], kind=_kind_of(exc), exception_names=_names(exc))
+
+
+class _Unimportable(Exception):
+    """The target's module or function cannot be found: trying again will
+    not find it."""
+
+
+def _kind_of(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, urllib.error.URLError | ConnectionError):
+        return "timeout" if isinstance(getattr(exc, "reason", None), TimeoutError) else "connect"
+    return "exception"
+
+
+def _names(exc: BaseException) -> tuple[str, ...]:
+    return tuple(cls.__name__ for cls in type(exc).__mro__ if cls is not object)
 
 
 def _describe(exc: BaseException) -> str:
@@ -97,17 +121,27 @@ def _run_shell(target: ShellTarget, ctx: RunContext, stopping: threading.Event |
     )
     ran = run_command(target.command, env, target.timeout_s, stopping)
     if ran.returncode is None:
-        return Outcome(False, error=f"timed out after {target.timeout_s} s")
+        return Outcome(False, error=f"timed out after {target.timeout_s} s", kind="timeout")
     out = ran.stdout_tail.strip()[-_OUTPUT_LIMIT:] or None
     if ran.returncode != 0:
         err = ran.stderr_tail.strip()[-_OUTPUT_LIMIT:]
-        return Outcome(False, result=out, error=f"exit status {ran.returncode}" + (f": {err}" if err else ""))
+        return Outcome(
+            False, result=out, error=f"exit status {ran.returncode}" + (f": {err}" if err else ""), kind="exception"
+        )
     return Outcome(True, result=out)
 
 
 def _run_python(target: PythonTarget, ctx: RunContext) -> Outcome:
     module_name, func_name = target.ref.split(":")
-    func = getattr(importlib.import_module(module_name), func_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise _Unimportable(f"cannot import {module_name!r}: {exc}") from None
+        raise  # the module itself imports something missing: its own failure
+    func = getattr(module, func_name, None)
+    if func is None:
+        raise _Unimportable(f"module {module_name!r} has no {func_name!r}")
     value = func(ctx)
     if value is None:
         return Outcome(True)
@@ -138,4 +172,7 @@ def _run_http(target: HttpTarget, ctx: RunContext) -> Outcome:
             text = resp.read(_OUTPUT_LIMIT).decode("utf-8", "replace")
             return Outcome(True, result=f"HTTP {resp.status}" + (f": {text}" if text else ""))
     except urllib.error.HTTPError as exc:
-        return Outcome(False, error=f"HTTP {exc.code} {exc.reason}")
+        # 408 and 429 ask to be tried again later; any other 4xx would fail
+        # again.
+        transient = exc.code >= 500 or exc.code in (408, 429)
+        return Outcome(False, error=f"HTTP {exc.code} {exc.reason}", kind="5xx" if transient else "4xx")

@@ -26,7 +26,7 @@ import bisect
 import hashlib
 import threading
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pysched.clock import Clock
 from pysched.memory.claims import ClaimTables
@@ -37,6 +37,7 @@ from pysched.protocols import (
     NEAR_MS,
     SETTLE_MS,
     DispatchOutcome,
+    FailedAttempt,
     Fences,
     JobExists,
     JobNotActive,
@@ -47,6 +48,7 @@ from pysched.protocols import (
     PlannedRun,
     Registration,
     Run,
+    RunNotFound,
     RunRecord,
     add_read_run,
     delivery_for,
@@ -110,6 +112,8 @@ class RunRow:
     # The attempt interrupted, while the run is: a dispatch since may have
     # written the next one to ``attempt`` already, as on Cassandra.
     interrupted_attempt: int | None = None
+    # Failed attempts by number (Cassandra's map column).
+    failures: tuple[tuple[int, FailedAttempt], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +155,9 @@ class ScheduleTables:
         self.schedule: dict[tuple[int, int, int], ScheduleRow] = {}
         self.marks: dict[int, WatermarkRow] = {p: WatermarkRow(start, 0) for p in range(partitions)}
         self.changes: dict[int, int] = {}
+        # The dead-letter table: (job id, run_at, attempt group) -> when the
+        # run failed for good.
+        self.dead_letters: dict[tuple[str, int, int], int] = {}
 
     # -- read back by a simulator's checker ------------------------------------
 
@@ -544,6 +551,79 @@ class MemoryScheduleStore:
                 return
             self._put_run(record, replace_row(row, state=state, ended_at_ms=now_ms, error=error, result=result))
 
+    def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
+        with self._op("run_failed"):
+            row = self._run_for(record)
+            failures = dict(row.failures)
+            failures[failure.attempt] = failure
+            row = replace_row(row, failures=tuple(sorted(failures.items())))
+            if row.state in ("succeeded", "cancelled"):
+                self._put_run(record, row)
+                return
+            ended = replace_row(row, ended_at_ms=failure.ended_at_ms, error=failure.error, result=None)
+            job = self.tables.jobs.get(record.job_id)
+            if retry_due_ms is not None and job is not None and job.state == "cancelled":
+                self._put_run(record, replace_row(ended, state="cancelled"))
+                return
+            if retry_due_ms is None:
+                self._put_run(record, replace_row(ended, state="failed"))
+                self._op.midway("run_failed")
+                self.tables.dead_letters[(record.job_id, record.run_at_ms, record.attempt_group)] = failure.ended_at_ms
+                return
+            # As a hand-back: a row of its own at the retry's due time, whose
+            # delivery is one past the attempt that failed; the row it was
+            # delivered from goes, or the run would be due again at once.
+            self._schedule_again(record, retry_due_ms, record.attempt)
+            self._op.midway("run_failed")
+            self._put_run(record, replace_row(ended, state="retrying", due_ms=retry_due_ms))
+            if retry_due_ms != record.due_ms:
+                self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
+            if retry_due_ms <= failure.ended_at_ms + NEAR_MS:
+                self.tables.bump(record.partition)
+
+    def get_run(self, job_id: str, run_at_ms: int, attempt_group: int = 0) -> RunRecord:
+        with self._op("get_run"):
+            row = self.tables.runs.get(job_id, {}).get((run_at_ms, attempt_group))
+            if row is None:
+                raise RunNotFound(f"no run of job {job_id!r} at {run_at_ms}")
+            return _full_record(row)
+
+    def dead_letters(self, limit: int = 1000) -> list[RunRecord]:
+        with self._op("dead_letters"):
+            out: list[RunRecord] = []
+            newest = sorted(self.tables.dead_letters.items(), key=lambda item: -item[1])
+            for (job_id, run_at_ms, group), _ in newest[:limit]:
+                row = self.tables.runs.get(job_id, {}).get((run_at_ms, group))
+                if row is not None:
+                    out.append(_full_record(row))
+            return out
+
+    def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
+        with self._op("redrive"):
+            key = (job_id, run_at_ms, attempt_group)
+            row = self.tables.runs.get(job_id, {}).get((run_at_ms, attempt_group))
+            if key not in self.tables.dead_letters or row is None or row.state != "failed":
+                return False
+            due = now_ms + HAND_BACK_MS  # ahead of any watermark
+            record = DispatchRecord(
+                row.run_id, job_id, run_at_ms, row.due_ms, row.partition, row.attempt, attempt_group, 0, 0
+            )
+            self._schedule_again(record, due, row.attempt)
+            self._put_run(record, replace_row(row, state="retrying", due_ms=due, ended_at_ms=None))
+            self._op.midway("redrive")
+            del self.tables.dead_letters[key]
+            self.tables.bump(row.partition)
+            return True
+
+    def _schedule_again(self, record: DispatchRecord, due_ms: int, attempt: int) -> None:
+        """A schedule row for ``record``'s run at ``due_ms``, read as the
+        delivery after ``attempt`` (no fence: it was handed on by none)."""
+        self.tables.put_schedule(
+            ScheduleRow(
+                record.partition, due_ms, record.run_id, record.job_id, record.run_at_ms, record.attempt_group, attempt
+            )
+        )
+
     def _run_for(self, record: DispatchRecord) -> RunRow:
         """The run's row, or the one an update would create on Cassandra (a
         pruned run written to again comes back)."""
@@ -579,6 +659,7 @@ class MemoryScheduleStore:
                 for i in sorted(chosen):
                     row = runs[i]
                     del self.tables.runs[job_id][(row.run_at_ms, row.attempt_group)]
+                    self.tables.dead_letters.pop((job_id, row.run_at_ms, row.attempt_group), None)
                     if self.tables.claims is not None:
                         self.tables.claims.forget([idempotency_key(job_id, row.run_at_ms, row.attempt_group)])
                 deleted += len(chosen)
@@ -622,11 +703,14 @@ class MemoryScheduleStore:
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
         """Cancel the job's runs handed on and not started, and those
-        interrupted: they belong to the schedule being replaced, and a worker
+        interrupted or retrying: they belong to the schedule being replaced, and a worker
         starting one would read the new spec. Before the job row changes, as on Cassandra: a worker that
         read the new spec finds its run cancelled."""
         for key, row in list(self.tables.runs.get(job_id, {}).items()):
-            if (row.state == "scheduled" and row.dispatched_at_ms is not None) or row.state == "interrupted":
+            if (row.state == "scheduled" and row.dispatched_at_ms is not None) or row.state in (
+                "interrupted",
+                "retrying",
+            ):
                 self.tables.upsert_run(job_id, key, replace_row(row, state="cancelled", ended_at_ms=now_ms))
 
     def _drop_pending(self, job_id: str, partition: int, run: PlannedRun, now_ms: int) -> None:
@@ -672,6 +756,29 @@ def _run_record(row: RunRow) -> RunRecord | None:
         row.error,
         row.result,
     )
+
+
+def _full_record(row: RunRow) -> RunRecord:
+    """A run as get_run and dead_letters return it: found while it waits
+    for its first dispatch, with its failed attempts."""
+    record = _run_record(row)
+    if record is None:
+        record = RunRecord(
+            row.run_id,
+            row.job_id,
+            row.run_at_ms,
+            row.due_ms,
+            row.state,
+            row.attempt,
+            row.fence,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+    return replace(record, failures=tuple(f for _, f in row.failures), attempt_group=row.attempt_group)
 
 
 def _prunable(runs: Sequence[RunRow], finished_before_ms: int | None, keep: int | None, limit: int) -> set[int]:

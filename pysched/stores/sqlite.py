@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pysched.model import STORED, Job, plannable_job
 from pysched.protocols import (
+    NEAR_MS,
     DispatchOutcome,
+    FailedAttempt,
     Fences,
     JobExists,
     JobNotActive,
@@ -20,6 +23,7 @@ from pysched.protocols import (
     PlannedRun,
     Registration,
     Run,
+    RunNotFound,
     RunRecord,
     is_near,
     within_fences,
@@ -33,9 +37,10 @@ from pysched.stores.sqlite_db import SQLiteDatabase
 # ended but whose outcome never reached its row (the worker died between the
 # two writes): handed on again, it meets its claim, which records it or runs
 # it again as a new attempt. An interrupted run was let go of by its worker,
-# claim and all, and is owed again, whatever its fence.
+# claim and all, and is owed again, whatever its fence; so is a failed run
+# retrying, at its retry's due time.
 _ELIGIBLE = """(
-    runs.state IN ('scheduled', 'interrupted')
+    runs.state IN ('scheduled', 'interrupted', 'retrying')
     OR (runs.state = 'dispatched' AND runs.fence < :fence)
     OR (runs.state = 'running' AND EXISTS (
         SELECT 1 FROM claims c WHERE c.run_id = runs.run_id
@@ -112,7 +117,7 @@ class SQLiteScheduleStore:
             # so is an interrupted run, which would start again.
             conn.execute(
                 "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ?"
-                " AND state IN ('scheduled', 'dispatched', 'interrupted')",
+                " AND state IN ('scheduled', 'dispatched', 'interrupted', 'retrying')",
                 (now_ms, job.id),
             )
             conn.execute(
@@ -138,7 +143,8 @@ class SQLiteScheduleStore:
             if row[0] == "cancelled":
                 raise JobNotActive(f"job {job_id!r} is already cancelled")
             conn.execute(
-                "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND state = 'scheduled'",
+                "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ?"
+                " AND state IN ('scheduled', 'retrying')",
                 (now_ms, job_id),
             )
             conn.execute("UPDATE jobs SET state = 'cancelled', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id))
@@ -278,7 +284,7 @@ class SQLiteScheduleStore:
             # step): a crash before this commit leaves the runs scheduled, and
             # the next leader sends them again.
             conn.executemany(
-                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted')"
+                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted', 'retrying')"
                 " THEN 'dispatched' ELSE state END, fence = ?, dispatched_at_ms = ?, attempt = max(attempt, ?)"
                 " WHERE run_id = ?",
                 [(fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
@@ -344,6 +350,80 @@ class SQLiteScheduleStore:
                 (state, now_ms, error, result, record.run_id),
             )
 
+    def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO run_failures (run_id, attempt, failure) VALUES (?, ?, ?)",
+                (record.run_id, failure.attempt, failure.to_json()),
+            )
+            if retry_due_ms is not None and self._job_cancelled(conn, record.job_id):
+                state, retry_due_ms = "cancelled", None
+            else:
+                state = "failed" if retry_due_ms is None else "retrying"
+            cur = conn.execute(
+                "UPDATE runs SET state = ?, due_ms = coalesce(?, due_ms), ended_at_ms = ?, error = ?, result = NULL"
+                " WHERE run_id = ? AND state NOT IN ('succeeded', 'cancelled') RETURNING partition",
+                (
+                    state,
+                    retry_due_ms,
+                    failure.ended_at_ms,
+                    failure.error,
+                    record.run_id,
+                ),
+            ).fetchone()
+            if cur is not None and retry_due_ms is not None and retry_due_ms <= failure.ended_at_ms + NEAR_MS:
+                self._bump(conn, int(cur[0]))  # its leader reloads now, not at its next full reload
+
+    @staticmethod
+    def _job_cancelled(conn: sqlite3.Connection, job_id: str) -> bool:
+        row = conn.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return row is not None and row[0] == "cancelled"
+
+    def get_run(self, job_id: str, run_at_ms: int, attempt_group: int = 0) -> RunRecord:
+        row = (
+            self.db.connection()
+            .execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?",
+                (job_id, run_at_ms, attempt_group),
+            )
+            .fetchone()
+        )
+        if row is None:
+            raise RunNotFound(f"no run of job {job_id!r} at {run_at_ms}")
+        return self._with_failures(replace(RunRecord(*row), attempt_group=attempt_group))
+
+    def dead_letters(self, limit: int = 1000) -> list[RunRecord]:
+        rows = (
+            self.db.connection()
+            .execute(
+                f"SELECT {_RUN_COLUMNS}, attempt_group FROM runs WHERE state = 'failed'"
+                " ORDER BY ended_at_ms DESC, run_id DESC LIMIT ?",
+                (limit,),
+            )
+            .fetchall()
+        )
+        return [self._with_failures(replace(RunRecord(*r[:-1]), attempt_group=int(r[-1]))) for r in rows]
+
+    def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
+        with self.db.transaction() as conn:
+            row = conn.execute(
+                "UPDATE runs SET state = 'retrying', due_ms = ?, ended_at_ms = NULL WHERE job_id = ?"
+                " AND run_at_ms = ? AND attempt_group = ? AND state = 'failed' RETURNING partition",
+                (now_ms, job_id, run_at_ms, attempt_group),
+            ).fetchone()
+            if row is None:
+                return False
+            self._bump(conn, int(row[0]))
+            return True
+
+    def _with_failures(self, run: RunRecord) -> RunRecord:
+        rows = (
+            self.db.connection()
+            .execute("SELECT failure FROM run_failures WHERE run_id = ? ORDER BY attempt", (run.run_id,))
+            .fetchall()
+        )
+        return replace(run, failures=tuple(FailedAttempt.from_json(str(r[0])) for r in rows))
+
     # -- retention ------------------------------------------------------------
 
     def prune_history(
@@ -400,6 +480,7 @@ class SQLiteScheduleStore:
             for run_id, (job_id, run_at_ms, attempt_group) in list(chosen.items())[:limit]:
                 # A cancelled run that a reschedule revived is scheduled again.
                 if conn.execute(f"DELETE FROM runs WHERE run_id = ? AND state IN {_FINISHED}", (run_id,)).rowcount:
+                    conn.execute("DELETE FROM run_failures WHERE run_id = ?", (run_id,))
                     conn.execute(
                         "DELETE FROM claims WHERE idem_key = ?", (idempotency_key(job_id, run_at_ms, attempt_group),)
                     )

@@ -61,6 +61,12 @@ CREATE TABLE IF NOT EXISTS runs (
     UNIQUE (job_id, run_at_ms, attempt_group)
 );
 CREATE INDEX IF NOT EXISTS runs_by_state_due ON runs (state, due_ms);
+CREATE TABLE IF NOT EXISTS run_failures (
+    run_id INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    failure TEXT NOT NULL,
+    PRIMARY KEY (run_id, attempt)
+);
 CREATE TABLE IF NOT EXISTS partition_changes (partition INTEGER PRIMARY KEY, version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS watermarks (partition INTEGER PRIMARY KEY, fired_through_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS leases (

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -34,8 +35,18 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from pysched.clock import Clock
-from pysched.protocols import Claim, ClaimOutcome, IdempotencyClaims, JobNotFound, ScheduleStore
+from pysched.model import Job
+from pysched.protocols import (
+    Claim,
+    ClaimOutcome,
+    FailedAttempt,
+    IdempotencyClaims,
+    JobNotFound,
+    RunNotFound,
+    ScheduleStore,
+)
 from pysched.records import DispatchRecord
+from pysched.retries import retry_delay_ms
 from pysched.targets import context_for, run_target
 from pysched.worker.config import WorkerConfig
 
@@ -47,12 +58,15 @@ _RUN = (ClaimOutcome.CLAIMED, ClaimOutcome.TAKEN_OVER)
 @dataclass(frozen=True)
 class Ended:
     """How a run ended, to record: ``state`` succeeded, failed or cancelled,
-    or None for a run replaced by a reschedule (its history row says so)."""
+    or None for a run replaced by a reschedule (its history row says so).
+    A failure says what kind it was (targets.Outcome), for its retry."""
 
     state: str | None
     error: str | None
     result: str | None
     at_ms: int
+    kind: str | None = None
+    exception_names: tuple[str, ...] = ()
 
 
 @dataclass(eq=False)
@@ -70,6 +84,8 @@ class Execution:
     start_asked: bool = False
     interrupted: bool = False
     attempt: int | None = None  # the attempt its start is, once started
+    started_at_ms: int | None = None
+    job: Job | None = None  # the job as it was read for the run
 
 
 class Executor:
@@ -80,8 +96,10 @@ class Executor:
         clock: Clock,
         holder: str,
         config: WorkerConfig | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.claims = claims
+        self._rng = rng or random.Random()
         self.store = store
         self.clock = clock
         self.holder = holder
@@ -252,11 +270,13 @@ class Executor:
             # by trying again, so the run fails, saying why, and the records
             # behind it go on.
             error = f"the job's stored definition no longer validates: {exc.errors()[0].get('msg', exc)}"
-            return Ended("failed", error, None, self.clock.now_ms())
+            return Ended("failed", error, None, self.clock.now_ms(), kind="invalid")
         if job_record is None or job_record.state == "cancelled":
             return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
         execution.start_asked = True
-        execution.attempt = self.store.run_started(record, self.holder, self.clock.now_ms())
+        execution.job = job_record.job
+        execution.started_at_ms = self.clock.now_ms()
+        execution.attempt = self.store.run_started(record, self.holder, execution.started_at_ms)
         if execution.attempt is None:
             # Rescheduled after it was handed on: never runs, and its row
             # belongs to the cancellation.
@@ -269,7 +289,33 @@ class Executor:
             return None
         job = job_record.job
         outcome = run_target(job, context_for(job, record._replace(attempt=execution.attempt)), self.interrupting)
-        return Ended("succeeded" if outcome.succeeded else "failed", outcome.error, outcome.result, self.clock.now_ms())
+        return Ended(
+            "succeeded" if outcome.succeeded else "failed",
+            outcome.error,
+            outcome.result,
+            self.clock.now_ms(),
+            outcome.kind,
+            outcome.exception_names,
+        )
+
+    def _record_failure(self, execution: Execution, end: Ended) -> int | None:
+        """Record a failed attempt, and when the run is tried again (None:
+        not, it is a dead letter now), by the job's retry policy."""
+        record = execution.record
+        attempt = execution.attempt or record.attempt
+        try:
+            failures = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group).failures
+        except RunNotFound:
+            failures = ()
+        delay = None
+        if execution.job is not None:
+            delay = retry_delay_ms(execution.job.retry, end.kind, end.exception_names, failures, attempt, self._rng)
+        retry_due_ms = None if delay is None else end.at_ms + delay
+        failure = FailedAttempt(
+            attempt, self.holder, execution.started_at_ms, end.at_ms, end.error, end.kind, retry_due_ms is None
+        )
+        self.store.run_failed(record._replace(attempt=attempt), failure, retry_due_ms)
+        return retry_due_ms
 
     def _interrupted_before_start(self, execution: Execution, by_interrupt: bool) -> None:
         """Its target will not start. Marked by ``interrupt``, which records
@@ -297,15 +343,28 @@ class Executor:
         for execution, end in ended:
             succeeded = end.state != "failed"
             self.claims.complete(execution.record.idempotency_key, execution.holder, succeeded, end.result, end.at_ms)
+        retry_at: dict[str, int | None] = {}
         for execution, end in ended:
-            if end.state is not None:
+            if end.state == "failed":
+                retry_at[execution.holder] = self._record_failure(execution, end)
+            elif end.state is not None:
                 self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
         for execution, end in ended:
             self.count(end.state if end.state in ("succeeded", "failed") else "cancelled")
             job_id = execution.record.job_id
             if end.state == "succeeded":
                 log.info("ran %s: succeeded%s", job_id, f": {end.result}" if end.result else "")
+            elif end.state == "failed" and retry_at.get(execution.holder) is not None:
+                self.count("retried")
+                log.warning(
+                    "ran %s: attempt %d failed, retrying at %d: %s",
+                    job_id,
+                    execution.attempt or execution.record.attempt,
+                    retry_at[execution.holder],
+                    end.error,
+                )
             elif end.state == "failed":
-                log.warning("ran %s: failed: %s", job_id, end.error)
+                self.count("dead_lettered")
+                log.warning("ran %s: failed for good (a dead letter): %s", job_id, end.error)
             else:
                 log.info("skipped %s run_at=%d: cancelled", job_id, execution.record.run_at_ms)

@@ -1,0 +1,132 @@
+"""Contract tests of retries and dead letters: every engine alike."""
+
+from __future__ import annotations
+
+import pytest
+
+import tests.test_contract as contract
+from pysched.leader.recording import record_sent
+from pysched.protocols import FailedAttempt, PlannedRun, RunNotFound
+from tests.test_contract import Backend, _fresh_t0, backend, every, once_job, record
+
+__all__ = ["_fresh_t0", "backend"]  # the shared fixtures, used by name
+
+
+def _failure(attempt: int, at: int, dead: bool = False) -> FailedAttempt:
+    return FailedAttempt(attempt, "w1", at - 50, at, f"exit status {attempt}", "exception", dead)
+
+
+def _failed_once(backend: Backend, retry_due: int | None) -> tuple[int, int]:
+    """A one-shot due at T0+100, handed on, started and failed once; its
+    (run id, run_at)."""
+    t0 = contract.T0
+    store = backend.store
+    store.add_job(once_job("o", t0 + 100), 0, 0, PlannedRun(t0 + 100, t0 + 100), t0)
+    (sent,) = store.due_runs(every(1), t0 + 60_000, t0 + 150)
+    record_sent(store, [sent], every(1), {}, t0 + 150)
+    assert store.run_started(record(sent, 1), "w1", t0 + 160) == 1
+    store.run_failed(record(sent, 1), _failure(1, t0 + 200, retry_due is None), retry_due)
+    return sent.run_id, sent.run_at_ms
+
+
+def test_a_run_retrying_is_owed_again_at_its_retry_time_as_the_next_attempt(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    run_id, run_at = _failed_once(backend, t0 + 5_000)
+    (run,) = store.history("o")
+    assert (run.state, run.attempt, run.error) == ("retrying", 1, "exit status 1")
+    # Due again at the retry's time, not at once (nothing was due before it).
+    (again,) = store.due_runs(every(1), t0 + 60_000, t0 + 1_000)
+    assert (again.run_id, again.run_at_ms, again.due_ms, again.attempt, again.attempt_group) == (
+        run_id,
+        run_at,
+        t0 + 5_000,
+        2,
+        0,
+    )
+    record_sent(store, [again], every(1), {}, t0 + 5_000)
+    # Handed on: owed no more (a store may return the reader's own send,
+    # unchanged, which a leader skips).
+    assert [r.attempt for r in store.due_runs(every(1), t0 + 60_000, t0 + 5_100)] in ([], [2])
+    assert store.run_started(record(again, 1), "w2", t0 + 5_100) == 2
+    store.run_finished(record(again, 1)._replace(attempt=2), "succeeded", None, "ok", t0 + 5_200)
+    done = store.get_run("o", run_at)
+    assert (done.state, done.attempt, done.result) == ("succeeded", 2, "ok")
+    assert [(f.attempt, f.error, f.kind) for f in done.failures] == [(1, "exit status 1", "exception")]
+    assert store.dead_letters() == []
+
+
+def test_a_failure_recorded_twice_counts_once(backend: Backend) -> None:
+    t0 = contract.T0
+    _, run_at = _failed_once(backend, t0 + 5_000)
+    (sent,) = backend.store.due_runs(every(1), t0 + 60_000, t0 + 1_000)
+    # The worker's write is repeated whole after a timeout.
+    backend.store.run_failed(record(sent, 1)._replace(attempt=1), _failure(1, t0 + 200), t0 + 5_000)
+    assert [f.attempt for f in backend.store.get_run("o", run_at).failures] == [1]
+
+
+def test_a_run_that_failed_for_good_is_a_dead_letter_until_redriven(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    run_id, run_at = _failed_once(backend, None)
+    (dead,) = store.dead_letters()
+    assert (dead.run_id, dead.job_id, dead.run_at_ms, dead.state, dead.attempt_group) == (
+        run_id,
+        "o",
+        run_at,
+        "failed",
+        0,
+    )
+    assert [(f.attempt, f.worker, f.started_at_ms, f.ended_at_ms, f.dead_lettered) for f in dead.failures] == [
+        (1, "w1", t0 + 150, t0 + 200, True)
+    ]
+    # Owed no more (but for the reader's own send, unchanged, which a
+    # leader skips).
+    assert [r.attempt for r in store.due_runs(every(1), t0 + 60_000, t0 + 1_000)] in ([], [1])
+    now = backend.clock_ms() if backend.name == "memory" else t0 + 1_000
+    assert store.redrive("o", run_at, 0, now)
+    assert not store.redrive("o", run_at, 0, now), "a run redriven is no dead letter any more"
+    assert store.dead_letters() == []
+    (again,) = store.due_runs(every(1), t0 + 60_000, now + 2_000)
+    assert (again.run_id, again.attempt) == (run_id, 2)
+    assert now <= again.due_ms <= now + 2_000
+    assert store.get_run("o", run_at).state == "retrying"
+
+
+def test_only_a_dead_letter_is_redriven(backend: Backend) -> None:
+    t0 = contract.T0
+    _failed_once(backend, t0 + 5_000)
+    assert not backend.store.redrive("o", t0 + 100, 0, t0 + 1_000), "retrying, not dead"
+    assert not backend.store.redrive("nope", t0 + 100, 0, t0 + 1_000)
+    with pytest.raises(RunNotFound):
+        backend.store.get_run("nope", t0 + 100)
+
+
+def test_a_run_whose_job_was_cancelled_is_not_retried(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    store.add_job(contract.cron_job(), 0, 0, PlannedRun(t0 + 10_000, t0 + 10_000), t0)
+    (sent,) = store.due_runs(every(1), t0 + 11_000, t0 + 10_000)
+    record_sent(store, [sent], every(1), {}, t0 + 10_000)
+    assert store.run_started(record(sent, 1), "w1", t0 + 10_001) == 1
+    # Cancelled while it ran: it goes on, and its failure is its end.
+    store.cancel_job("every-10s", t0 + 10_002)
+    store.run_failed(record(sent, 1), _failure(1, t0 + 10_004), t0 + 15_000)
+    run = store.get_run("every-10s", sent.run_at_ms)
+    assert (run.state, run.error, [f.attempt for f in run.failures]) == ("cancelled", "exit status 1", [1])
+    assert [r for r in store.due_runs(every(1), t0 + 60_000, t0 + 15_000) if r.attempt > 1] == []
+    assert store.dead_letters() == []
+
+
+def test_a_reschedule_cancels_a_run_retrying(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    store.add_job(contract.cron_job(), 0, 0, PlannedRun(t0 + 10_000, t0 + 10_000), t0)
+    (sent,) = store.due_runs(every(1), t0 + 11_000, t0 + 10_000)
+    record_sent(store, [sent], every(1), {}, t0 + 10_000)
+    assert store.run_started(record(sent, 1), "w1", t0 + 10_001) == 1
+    store.run_failed(record(sent, 1), _failure(1, t0 + 10_002), t0 + 15_000)
+    # Its retry would run the old spec's run under the new one.
+    store.reschedule(contract.cron_job(expr="7 * * * *"), 0, PlannedRun(t0 + 420_000, t0 + 420_000), t0 + 10_003)
+    assert store.get_run("every-10s", sent.run_at_ms).state == "cancelled"
+    assert store.run_started(record(sent, 1)._replace(attempt=2), "w1", t0 + 15_000) is None
