@@ -7,7 +7,10 @@ Tables (keyspace from the config):
   shard)`` (the minute of the due time, the job's partition) and clustered by
   due time, so a leader reads "partition p, the next two minutes" as a few
   bounded slices; a :00 burst of 50,000 spreads over 64 shards (~800 rows).
-- ``runs``: each run's history, partitioned by job, newest first.
+- ``runs``: each run's history, partitioned by job, newest first, with
+  its failed attempts (a map by attempt number).
+- ``dead_letters``: the runs that failed for good, one Cassandra partition
+  per schedule partition, newest failure first (see the schema).
 - ``watermarks``: per partition, the due time up to which every run has been
   durably handed on; a new leader starts there.
 - ``changes``: per partition, a counter bumped by registrations, which leaders
@@ -31,6 +34,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import suppress
+from dataclasses import replace
 from typing import Any
 
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout
@@ -46,6 +50,7 @@ from pysched.protocols import (
     NEAR_MS,
     SETTLE_MS,
     DispatchOutcome,
+    FailedAttempt,
     Fences,
     JobExists,
     JobNotActive,
@@ -57,6 +62,7 @@ from pysched.protocols import (
     PlannedRun,
     Registration,
     Run,
+    RunNotFound,
     RunRecord,
     add_read_run,
     delivery_for,
@@ -97,6 +103,11 @@ _FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 _PLACE_ATTEMPTS = 5
 # Jobs whose runs one pruning step reads at once.
 _PRUNE_READ_JOBS = 256
+# What get_run and dead_letters read of a run.
+_FULL_RUN_COLUMNS = (
+    "run_id, job_id, run_at_ms, attempt_group, due_ms, partition, state, attempt, fence, dispatched_at_ms,"
+    " started_at_ms, ended_at_ms, worker, error, result, failures, dead_at_ms"
+)
 
 
 class BackendUnavailable(ConnectionError):
@@ -167,10 +178,26 @@ SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.runs (job_id text, run_at_ms bigint, attempt_group int, run_id bigint,"
     " due_ms bigint, partition int, state text, attempt int, fence bigint, dispatched_at_ms bigint,"
     " started_at_ms bigint, ended_at_ms bigint, worker text, error text, result text, interrupted_attempt int,"
+    " failures map<int, text>, dead_at_ms bigint,"
     " PRIMARY KEY ((job_id), run_at_ms, attempt_group)) WITH CLUSTERING ORDER BY (run_at_ms DESC, attempt_group ASC)",
     # The attempt interrupted, while the run is: a dispatch since (which
     # writes attempt, never state) may have written the next one to attempt.
     "ALTER TABLE {ks}.runs ADD IF NOT EXISTS (interrupted_attempt int)",
+    # failures: the run's failed attempts, attempt -> FailedAttempt.to_json(),
+    # each written as failures[attempt] = ..., so a write repeated after a
+    # timeout is still one entry. dead_at_ms: while the run is a dead letter,
+    # the failure time its dead_letters row is clustered by (how redrive and
+    # pruning find that row, and how a stale one is told apart).
+    "ALTER TABLE {ks}.runs ADD IF NOT EXISTS (failures map<int, text>, dead_at_ms bigint)",
+    # The runs that failed for good. One Cassandra partition per schedule
+    # partition (the run's), clustered by failure time, newest first:
+    # dead_letters(limit) reads the newest ``limit`` of each of a bounded
+    # number of partitions and merges them, never the runs table, and no
+    # partition grows with the whole cluster's failures. A row goes when its
+    # run is redriven or pruned.
+    "CREATE TABLE IF NOT EXISTS {ks}.dead_letters (partition int, failed_at_ms bigint, job_id text,"
+    " run_at_ms bigint, attempt_group int, PRIMARY KEY ((partition), failed_at_ms, job_id, run_at_ms, attempt_group))"
+    " WITH CLUSTERING ORDER BY (failed_at_ms DESC, job_id ASC, run_at_ms ASC, attempt_group ASC)",
     # One Cassandra partition per schedule partition: the fenced LWTs of
     # different leaders never contend.
     "CREATE TABLE IF NOT EXISTS {ks}.watermarks (partition int PRIMARY KEY, fired_through_ms bigint, fence bigint)",
@@ -364,7 +391,10 @@ class CassandraScheduleStore:
             " AND attempt_group = ?"
         )
         self._job_partitions = p(f"SELECT job_id, partition FROM {ks}.jobs")
-        self._run_ends = p(f"SELECT run_at_ms, attempt_group, state, ended_at_ms FROM {ks}.runs WHERE job_id = ?")
+        self._run_ends = p(
+            f"SELECT run_at_ms, attempt_group, state, ended_at_ms, partition, dead_at_ms FROM {ks}.runs"
+            " WHERE job_id = ?"
+        )
         self._delete_runs = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms >= ? AND run_at_ms <= ?")
         self._delete_runs_through = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms <= ?")
         self._delete_run = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?")
@@ -378,6 +408,44 @@ class CassandraScheduleStore:
         )
         # Conditional: a reschedule that replaced the run meanwhile keeps its own.
         self._set_next_due = p(f"UPDATE {ks}.jobs SET next_due_ms = ? WHERE job_id = ? IF next_run_at_ms = ?")
+        # Retries and dead letters.
+        self._get_run = p(
+            f"SELECT {_FULL_RUN_COLUMNS} FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._job_state = p(f"SELECT state FROM {ks}.jobs WHERE job_id = ?")
+        self._add_failure = p(
+            f"UPDATE {ks}.runs SET failures[?] = ? WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        # run_id and partition too: a run pruned meanwhile comes back whole
+        # enough to be read, retried and redriven.
+        self._end_failed = p(
+            f"UPDATE {ks}.runs SET failures[?] = ?, state = ?, due_ms = ?, ended_at_ms = ?, error = ?, result = null,"
+            " run_id = ?, partition = ? WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._end_dead = p(
+            f"UPDATE {ks}.runs SET failures[?] = ?, state = 'failed', due_ms = ?, ended_at_ms = ?, error = ?,"
+            " result = null, run_id = ?, partition = ?, dead_at_ms = ?"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._redrive_run = p(
+            f"UPDATE {ks}.runs SET state = 'retrying', due_ms = ?, ended_at_ms = null, dead_at_ms = null"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._insert_dead_letter = p(
+            f"INSERT INTO {ks}.dead_letters (partition, failed_at_ms, job_id, run_at_ms, attempt_group)"
+            " VALUES (?, ?, ?, ?, ?)"
+        )
+        self._get_dead_letter = p(
+            f"SELECT job_id FROM {ks}.dead_letters WHERE partition = ? AND failed_at_ms = ? AND job_id = ?"
+            " AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._delete_dead_letter = p(
+            f"DELETE FROM {ks}.dead_letters WHERE partition = ? AND failed_at_ms = ? AND job_id = ?"
+            " AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._newest_dead_letters = p(
+            f"SELECT failed_at_ms, job_id, run_at_ms, attempt_group FROM {ks}.dead_letters WHERE partition = ? LIMIT ?"
+        )
         self._wm_cache: dict[int, int] = {}
 
     # -- registration ---------------------------------------------------------
@@ -576,6 +644,35 @@ class CassandraScheduleStore:
                     break
         return out
 
+    @classmethod
+    def _full_record(cls, r: Any) -> RunRecord:
+        """A run as get_run and dead_letters return it: found while it waits
+        for its first dispatch, with its failed attempts by attempt number."""
+        record = cls._run_record(r)
+        if record is None:
+            record = RunRecord(
+                r.run_id,
+                r.job_id,
+                r.run_at_ms,
+                r.due_ms,
+                r.state,
+                r.attempt or 0,
+                r.fence,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+            )
+        failures = r.failures or {}
+        return replace(
+            record,
+            run_id=run_id_for(r.job_id, r.run_at_ms, r.attempt_group) if r.run_id is None else r.run_id,
+            failures=tuple(FailedAttempt.from_json(failures[k]) for k in sorted(failures)),
+            attempt_group=r.attempt_group,
+        )
+
     @staticmethod
     def _run_record(r: Any) -> RunRecord | None:
         state = r.state
@@ -773,6 +870,113 @@ class CassandraScheduleStore:
             (state, now_ms, error, result, record.job_id, record.run_at_ms, record.attempt_group),
         )
 
+    def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
+        # Read, then plain writes, as run_finished: no Paxos round on the run
+        # path. The failure goes into the run's map by attempt number, so a
+        # write repeated after a timeout is still one entry.
+        key = (record.job_id, record.run_at_ms, record.attempt_group)
+        entry = (failure.attempt, failure.to_json())
+        row = self.session.execute(self._get_run, key).one()
+        state = "scheduled" if row is None or row.state is None else row.state
+        if state in ("succeeded", "cancelled"):
+            self.session.execute(self._add_failure, (*entry, *key))
+            return
+        due = record.due_ms if row is None or row.due_ms is None else int(row.due_ms)
+        ended = (failure.ended_at_ms, failure.error, record.run_id, record.partition)
+        if retry_due_ms is not None:
+            job = self.session.execute(self._job_state, (record.job_id,)).one()
+            if job is not None and job.state == "cancelled":
+                self.session.execute(self._end_failed, (*entry, "cancelled", due, *ended, *key))
+                return
+        delivered_from = (record.due_ms // BUCKET_MS, record.partition, record.due_ms, record.run_id)
+        # Logged batches: the run's row, its schedule rows and its dead
+        # letter land together or not at all.
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        if retry_due_ms is None:
+            batch.add(self._end_dead, (*entry, due, *ended, failure.ended_at_ms, *key))
+            batch.add(self._insert_dead_letter, (record.partition, failure.ended_at_ms, *key))
+            old = None if row is None else row.dead_at_ms
+            if old is not None and old != failure.ended_at_ms:
+                old_partition = record.partition if row.partition is None else row.partition
+                batch.add(self._delete_dead_letter, (old_partition, old, *key))
+            # Owed no more: the row it was delivered from goes, so that a
+            # leader reading it again (a failover) hands nothing on, and a
+            # redrive's row is the only one read.
+            batch.add(self._delete_schedule, delivered_from)
+            self.session.execute(batch)
+            return
+        # As a hand-back: a row of its own at the retry's due time, read as
+        # the delivery after the attempt that failed (no fence: handed on by
+        # no leader); the row it was delivered from goes, or the run would be
+        # due again at once (add_read_run takes the earlier row).
+        batch.add(
+            self._hand_back_schedule,
+            (retry_due_ms // BUCKET_MS, record.partition, retry_due_ms, record.run_id, *key, record.attempt, None),
+        )
+        batch.add(self._end_failed, (*entry, "retrying", retry_due_ms, *ended, *key))
+        if retry_due_ms != record.due_ms:
+            batch.add(self._delete_schedule, delivered_from)
+        self.session.execute(batch)
+        if retry_due_ms <= failure.ended_at_ms + NEAR_MS:
+            self.session.execute(self._bump, (record.partition,))
+
+    def get_run(self, job_id: str, run_at_ms: int, attempt_group: int = 0) -> RunRecord:
+        row = self.session.execute(self._get_run, (job_id, run_at_ms, attempt_group)).one()
+        if row is None:
+            raise RunNotFound(f"no run of job {job_id!r} at {run_at_ms}")
+        return self._full_record(row)
+
+    def dead_letters(self, limit: int = 1000) -> list[RunRecord]:
+        if limit <= 0:
+            return []
+        # The newest ``limit`` of each partition, merged: no more can be
+        # among the newest ``limit`` of all.
+        args = [(p, limit) for p in range(self.partitions)]
+        entries: list[tuple[int, str, int, int]] = []
+        for ok, result in execute_concurrent_with_args(self.session, self._newest_dead_letters, args, concurrency=64):
+            if not ok:
+                raise result
+            entries.extend((int(r.failed_at_ms), r.job_id, int(r.run_at_ms), int(r.attempt_group)) for r in result)
+        entries.sort(key=lambda e: (-e[0], e[1], e[2], e[3]))
+        newest: dict[tuple[str, int, int], int] = {}
+        for failed_at_ms, job_id, run_at_ms, group in entries:
+            newest.setdefault((job_id, run_at_ms, group), failed_at_ms)
+        chosen = list(newest.items())[:limit]
+        read = execute_concurrent_with_args(self.session, self._get_run, [k for k, _ in chosen], concurrency=64)
+        out: list[RunRecord] = []
+        for (_, failed_at_ms), (ok, result) in zip(chosen, read, strict=True):
+            if not ok:
+                raise result
+            row = result.one()
+            # A run pruned meanwhile, or a row a racing write left behind
+            # (its run says another dead letter, or none), is skipped.
+            if row is not None and row.dead_at_ms == failed_at_ms:
+                out.append(self._full_record(row))
+        return out
+
+    def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
+        # Read, then plain writes: two redrives of one run at once both
+        # write, and the two schedule rows are read as one delivery
+        # (add_read_run).
+        key = (job_id, run_at_ms, attempt_group)
+        row = self.session.execute(self._get_run, key).one()
+        if row is None or row.state != "failed" or row.dead_at_ms is None or row.partition is None:
+            return False
+        dead = (row.partition, row.dead_at_ms, *key)
+        if self.session.execute(self._get_dead_letter, dead).one() is None:
+            return False
+        due = now_ms + HAND_BACK_MS  # ahead of any watermark
+        run_id = run_id_for(*key) if row.run_id is None else row.run_id
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        batch.add(
+            self._hand_back_schedule, (due // BUCKET_MS, row.partition, due, run_id, *key, row.attempt or 0, None)
+        )
+        batch.add(self._redrive_run, (due, *key))
+        batch.add(self._delete_dead_letter, dead)
+        self.session.execute(batch)
+        self.session.execute(self._bump, (row.partition,))
+        return True
+
     # -- retention ------------------------------------------------------------
 
     def prune_history(
@@ -781,7 +985,8 @@ class CassandraScheduleStore:
         wanted = set(partitions)
         if not wanted or limit <= 0:
             return 0
-        job_ids = [r.job_id for r in self.session.execute(self._job_partitions) if r.partition in wanted]
+        job_partitions = {r.job_id: r.partition for r in self.session.execute(self._job_partitions)}
+        job_ids = [j for j, p in job_partitions.items() if p in wanted]
         deleted = 0
         for start in range(0, len(job_ids), _PRUNE_READ_JOBS):
             chunk = job_ids[start : start + _PRUNE_READ_JOBS]
@@ -790,9 +995,18 @@ class CassandraScheduleStore:
             for job_id, (ok, result) in zip(chunk, read, strict=True):
                 if not ok:
                     raise result
-                runs = [(r.run_at_ms, r.attempt_group, r.state, r.ended_at_ms) for r in result]
+                rows = list(result)
+                runs = [(r.run_at_ms, r.attempt_group, r.state, r.ended_at_ms) for r in rows]
                 chosen = prunable(runs, finished_before_ms, keep_per_job, limit - deleted)
                 deletes.extend(self._prune_statements(job_id, runs, chosen))
+                # A dead letter goes with its run.
+                for i in sorted(chosen):
+                    r = rows[i]
+                    if r.dead_at_ms is not None:
+                        p = job_partitions[job_id] if r.partition is None else r.partition
+                        deletes.append(
+                            (self._delete_dead_letter, (p, r.dead_at_ms, job_id, r.run_at_ms, r.attempt_group))
+                        )
                 deleted += len(chosen)
                 if deleted >= limit:
                     break
@@ -942,14 +1156,14 @@ class CassandraScheduleStore:
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
         """Cancel the job's runs handed on and not started (a scheduled row
-        with a dispatch time), and those interrupted: they belong to the
-        schedule being replaced, and a worker starting one would read the
-        new spec. One partition
-        read: a job's runs are bounded by its retention."""
+        with a dispatch time), and those interrupted or retrying: they belong
+        to the schedule being replaced, and a worker starting one would read
+        the new spec. One partition read: a job's runs are bounded by its
+        retention."""
         handed_on = [
             (now_ms, job_id, r.run_at_ms, r.attempt_group)
             for r in self.session.execute(self._job_run_states, (job_id,))
-            if (r.state == "scheduled" and r.dispatched_at_ms is not None) or r.state == "interrupted"
+            if (r.state == "scheduled" and r.dispatched_at_ms is not None) or r.state in ("interrupted", "retrying")
         ]
         self._concurrent(self._cancel_run_in_group, handed_on)
 
