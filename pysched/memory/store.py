@@ -569,6 +569,9 @@ class MemoryScheduleStore:
                 self._put_run(record, replace_row(ended, state="failed"))
                 self._op.midway("run_failed")
                 self.tables.dead_letters[(record.job_id, record.run_at_ms, record.attempt_group)] = failure.ended_at_ms
+                # Owed no more, as on Cassandra: the row it was delivered from
+                # goes, so a leader reading it again hands nothing on.
+                self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
                 return
             # As a hand-back: a row of its own at the retry's due time, whose
             # delivery is one past the attempt that failed; the row it was
