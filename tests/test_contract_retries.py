@@ -130,3 +130,31 @@ def test_a_reschedule_cancels_a_run_retrying(backend: Backend) -> None:
     store.reschedule(contract.cron_job(expr="7 * * * *"), 0, PlannedRun(t0 + 420_000, t0 + 420_000), t0 + 10_003)
     assert store.get_run("every-10s", sent.run_at_ms).state == "cancelled"
     assert store.run_started(record(sent, 1)._replace(attempt=2), "w1", t0 + 15_000) is None
+
+
+def test_a_dead_letter_goes_with_its_run_when_pruned(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    store.add_job(contract.cron_job(), 0, 0, PlannedRun(t0 + 10_000, t0 + 10_000), t0)
+    done: set[int] = set()
+    for k in (1, 2):
+        now = t0 + 10_000 * k
+        sent, _ = contract.dispatch(backend, t0 + 3_600_000, 1, now)
+        for row in sent:
+            # A store may send a run again while its watermark trails.
+            if row.run_at_ms in done:
+                continue
+            done.add(row.run_at_ms)
+            assert store.run_started(record(row, 1), "w1", now) == 1
+            if k == 1:
+                store.run_failed(record(row, 1), _failure(1, now + 100, True), None)
+            else:
+                store.run_finished(record(row, 1), "succeeded", None, None, now + 100)
+    assert [r.run_at_ms for r in store.dead_letters()] == [t0 + 10_000]
+    # The newer run, which succeeded, stays; the dead one goes, and with it
+    # its dead letter.
+    assert store.prune_history(range(4), t0 + 10**9, None, 100) == 1
+    assert store.dead_letters() == []
+    assert not store.redrive("every-10s", t0 + 10_000, 0, t0 + 30_000)
+    with pytest.raises(RunNotFound):
+        store.get_run("every-10s", t0 + 10_000)
