@@ -36,6 +36,9 @@ class RunContext:
     fence: int
     idempotency_key: str
     payload: dict[str, Any] = field(default_factory=dict)
+    # Set when the run is to stop (its timeout passed): a long Python target
+    # checks it and returns.
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
 @dataclass(frozen=True)
@@ -142,13 +145,38 @@ def _run_python(target: PythonTarget, ctx: RunContext) -> Outcome:
     func = getattr(module, func_name, None)
     if func is None:
         raise _Unimportable(f"module {module_name!r} has no {func_name!r}")
-    value = func(ctx)
+    value = func(ctx) if target.timeout_s is None else _call_within(func, ctx, target.timeout_s)
     if value is None:
         return Outcome(True)
     try:
         return Outcome(True, result=json.dumps(value)[:_OUTPUT_LIMIT])
     except TypeError:
         return Outcome(True, result=repr(value)[:_OUTPUT_LIMIT])
+
+
+def _call_within(func: Any, ctx: RunContext, timeout_s: float) -> Any:
+    """Call ``func(ctx)`` in a thread of its own and wait ``timeout_s`` for
+    it. Past that, ``ctx.cancelled`` is set and the run fails as timed out;
+    a thread cannot be killed, so a target that ignores ``ctx.cancelled``
+    runs on in its (daemon) thread until it returns, its outcome dropped."""
+    done: list[tuple[bool, Any]] = []
+
+    def call() -> None:
+        try:
+            done.append((True, func(ctx)))
+        except BaseException as exc:  # raised in the caller's thread below
+            done.append((False, exc))
+
+    thread = threading.Thread(target=call, name=f"pysched-run-{ctx.job_id}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not done:
+        ctx.cancelled.set()
+        raise TimeoutError(f"timed out after {timeout_s:g} s (ctx.cancelled is set)")
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _run_http(target: HttpTarget, ctx: RunContext) -> Outcome:

@@ -104,7 +104,7 @@ def test_standby_takes_over_after_kill_9_with_nothing_lost_or_doubled(tmp_path: 
 def test_ls_tells_the_schedule_and_the_last_run_apart(tmp_path: Path, db_path: Path) -> None:
     node = start_node(db_path, tmp_path, tmp_path / "node.log")
     try:
-        cli("add", "fails", "--in", "0.5", "--shell", "exit 3", db=db_path, cwd=tmp_path)
+        cli("add", "fails", "--in", "0.5", "--shell", "exit 3", "--retries", "0", db=db_path, cwd=tmp_path)
         # Runs until the test releases it (at most a minute).
         wait = "for i in $(seq 600); do [ -e release ] && exit 0; sleep 0.1; done"
         cli("add", "sleeps", "--in", "0.5", "--shell", wait, db=db_path, cwd=tmp_path)
@@ -159,7 +159,7 @@ def test_a_job_that_exits_fails_its_run_and_not_the_worker(tmp_path: Path, db_pa
     node = start_node(db_path, tmp_path, tmp_path / "node.log", "--workers", "1")
     try:
         for job, at in (("exits", "1"), ("interrupts", "1"), ("behaves", "2")):
-            cli("add", job, "--in", at, "--python", f"hostile:{job}", db=db_path, cwd=tmp_path)
+            cli("add", job, "--in", at, "--python", f"hostile:{job}", "--retries", "0", db=db_path, cwd=tmp_path)
         cli("add", "after", "--in", "2", "--shell", "touch after.txt", db=db_path, cwd=tmp_path)
 
         for job in ("exits", "interrupts", "behaves", "after"):

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from pysched.cli import jobs, node, preview
+from pysched.cli import deadletters, jobs, node, preview
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -19,6 +19,7 @@ app = typer.Typer(
 jobs.register_commands(app)
 node.register_commands(app)
 preview.register_commands(app)
+deadletters.register_commands(app)
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from pysched.clock import SystemClock
 from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
 from pysched.coord.local import scheduler_seen
-from pysched.protocols import JobRecord, PartitionsMismatch, RunRecord, ScheduleStore
+from pysched.protocols import FailedAttempt, JobRecord, PartitionsMismatch, RunRecord, ScheduleStore
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import Access, DatabaseUnusable, SQLiteDatabase
 
@@ -57,6 +57,12 @@ FLAG_FOR_FIELD = {
     "target.method": "--method",
     "payload": "--payload",
     "jitter_window_s": "--jitter",
+    "retry.retries": "--retries",
+    "retry.backoff_base_s": "--backoff",
+    "retry.backoff_cap_s": "--backoff",
+    "retry": "--backoff",
+    "retry.retry_on": "--retry-on",
+    "target.timeout_s": "--timeout",
 }
 ID_RULE = "ASCII letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit"
 # (field, pydantic error type) -> what would be accepted, in words.
@@ -160,6 +166,7 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
         "target": rec.job.target.model_dump(),
         "payload": rec.job.payload,
         "critical": rec.job.critical,
+        "retry": rec.job.retry.model_dump(),
         "jitter_ms": rec.jitter_ms,
         "partition": rec.partition,
         "created_at": iso(rec.created_at_ms),
@@ -188,6 +195,18 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "worker": run.worker,
         "error": run.error,
         "result": run.result,
+    }
+
+
+def failure_json(failure: FailedAttempt) -> dict[str, Any]:
+    return {
+        "attempt": failure.attempt,
+        "worker": failure.worker,
+        "started_at": iso(failure.started_at_ms),
+        "ended_at": iso(failure.ended_at_ms),
+        "kind": failure.kind,
+        "error": failure.error,
+        "dead_lettered": failure.dead_lettered,
     }
 
 

@@ -34,7 +34,7 @@ from pysched.cli.common import (
     run_json,
     warn_without_scheduler,
 )
-from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched.model import CronSchedule, Job, OnceSchedule, RetryPolicy
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
 from pysched.registry import register, reschedule
 
@@ -108,6 +108,26 @@ def _target(shell: str | None, python: str | None, http: str | None, method: str
     return {"kind": "http", "url": http, "method": (method or "POST").upper()}
 
 
+def _retry_policy(retries: int | None, backoff: str | None, retry_on: str | None) -> dict[str, Any]:
+    """--retries, --backoff BASE_S:CAP_S, --retry-on LIST, as the job's
+    retry policy; what is not given keeps its default."""
+    policy: dict[str, Any] = {}
+    if retries is not None:
+        policy["retries"] = retries
+    if backoff is not None:
+        base, sep, cap = backoff.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            policy["backoff_base_s"], policy["backoff_cap_s"] = float(base), float(cap)
+        except ValueError:
+            fail(f"--backoff: BASE_S:CAP_S, two numbers of seconds such as 10:600; got {backoff!r}")
+    if retry_on is not None:
+        kinds = tuple(kind.strip() for kind in retry_on.split(",") if kind.strip())
+        policy["retry_on"] = kinds
+    return policy
+
+
 def _payload(value: str) -> Any:
     """--payload JSON, @FILE or - (standard input), at most PAYLOAD_LIMIT_BYTES."""
     if value == "-":
@@ -138,6 +158,15 @@ def _describe(rec: JobRecord) -> str:
     if isinstance(sched, CronSchedule):
         return f"cron {sched.expr!r} {sched.tz}"
     return f"once at {iso(sched.run_at_ms)}"
+
+
+def describe_retry(policy: RetryPolicy) -> str:
+    if policy.retries == 0:
+        return "no retries"
+    return (
+        f"up to {policy.retries} retries on {', '.join(policy.retry_on) or 'nothing'},"
+        f" full-jitter backoff from {policy.backoff_base_s:g} s capped at {policy.backoff_cap_s:g} s"
+    )
 
 
 def _print_job(rec: JobRecord, as_json: bool, verb: str) -> None:
@@ -173,6 +202,29 @@ def add(
         float | None, typer.Option("--jitter", help="Jitter window in seconds (cron default 60).")
     ] = None,
     critical: Annotated[bool, typer.Option("--critical", help="Time-critical: no jitter.")] = False,
+    retries: Annotated[
+        int | None, typer.Option("--retries", help="Times a failed run is tried again (default 3; 0: never).")
+    ] = None,
+    backoff: Annotated[
+        str | None,
+        typer.Option(
+            "--backoff",
+            metavar="BASE_S:CAP_S",
+            help="Full-jitter backoff: retry n waits random(0, min(CAP, BASE * 2**n)) s (default 10:600).",
+        ),
+    ] = None,
+    retry_on: Annotated[
+        str | None,
+        typer.Option(
+            "--retry-on",
+            help="Failures retried, comma-separated: timeout, connect, 5xx, exception, exception:ClassName"
+            " (default all four kinds; an HTTP 4xx or a target that cannot be imported never is).",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Seconds a run may take before it is stopped (HTTP default 30)."),
+    ] = None,
     db: DbOption = DEFAULT_DB,
     config: ConfigOption = None,
     as_json: JsonOption = False,
@@ -180,11 +232,15 @@ def add(
     """Register a job; acknowledged once it is committed."""
     if critical and jitter is not None:
         fail("--jitter: does not apply to a --critical job, which has no jitter")
+    target = _target(shell, python, http, method)
+    if timeout is not None:
+        target["timeout_s"] = timeout
     spec: dict[str, Any] = {
         "id": job_id,
         "schedule": _schedule(cron_expr, tz, at, in_s),
-        "target": _target(shell, python, http, method),
+        "target": target,
         "critical": critical,
+        "retry": _retry_policy(retries, backoff, retry_on),
     }
     if jitter is not None:
         spec["jitter_window_s"] = jitter
@@ -260,6 +316,7 @@ def show(
         return
     for key, value in data.items():
         typer.echo(f"{key:>14}: {json.dumps(value) if isinstance(value, dict) else value}")
+    typer.echo(f"{'retry policy':>14}: {describe_retry(rec.job.retry)}")
 
 
 def history(

@@ -280,14 +280,17 @@ class SQLiteScheduleStore:
             floors = dict(conn.execute("SELECT partition, fence FROM fences").fetchall())
             allowed = within_fences(DispatchOutcome(rows, marks, next_runs), fences, floors)
             rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
+            # A run retrying is dispatched by its retry's delivery, not by a
+            # late record of the attempt that failed (a worker can run and
+            # fail it before its dispatch is recorded).
             # Handed on before this mark (the in-process queue is no durable
             # step): a crash before this commit leaves the runs scheduled, and
             # the next leader sends them again.
             conn.executemany(
-                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted', 'retrying')"
-                " THEN 'dispatched' ELSE state END, fence = ?, dispatched_at_ms = ?, attempt = max(attempt, ?)"
-                " WHERE run_id = ?",
-                [(fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
+                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted')"
+                " OR (state = 'retrying' AND ? > attempt) THEN 'dispatched' ELSE state END, fence = ?,"
+                " dispatched_at_ms = ?, attempt = max(attempt, ?) WHERE run_id = ?",
+                [(r.attempt, fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
             )
             # Planned from a read before this transaction: a job cancelled or
             # completed since keeps its state and gets no run.

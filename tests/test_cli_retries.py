@@ -1,0 +1,108 @@
+"""The retry policy and the dead letters from the command line, against a
+real `pysched up`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
+
+# Fails its first two calls (counted in a file beside the database), then succeeds.
+FLAKY = (
+    "n=$(cat calls 2>/dev/null || echo 0); n=$((n+1)); echo $n > calls;"
+    ' [ "$n" -gt 2 ] || { echo "call $n" >&2; exit 4; }'
+)
+
+
+def test_add_keeps_the_policy_and_show_prints_it(db_path: Path) -> None:
+    cli(
+        "add", "p", "--in", "600", "--shell", "true", "--retries", "5", "--backoff", "2:60",
+        "--retry-on", "timeout,exception:KeyError", "--timeout", "30", db=db_path,
+    )  # fmt: skip
+    job = cli_json("show", "p", db=db_path)
+    assert job["retry"] == {
+        "retries": 5,
+        "backoff_base_s": 2.0,
+        "backoff_cap_s": 60.0,
+        "retry_on": ["timeout", "exception:KeyError"],
+    }
+    assert job["target"]["timeout_s"] == 30.0
+    text = cli("show", "p", db=db_path).stdout
+    assert "up to 5 retries on timeout, exception:KeyError" in text
+    assert cli_json("show", "p", db=db_path)["retry"]["retries"] == 5
+    cli("add", "d", "--in", "600", "--shell", "true", db=db_path)
+    assert cli_json("show", "d", db=db_path)["retry"] == {
+        "retries": 3,
+        "backoff_base_s": 10.0,
+        "backoff_cap_s": 600.0,
+        "retry_on": ["timeout", "connect", "5xx", "exception"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--retries", "-1"), "--retries:"),
+        (("--retries", "101"), "--retries:"),
+        (("--backoff", "10"), "--backoff: BASE_S:CAP_S"),
+        (("--backoff", "a:b"), "--backoff: BASE_S:CAP_S"),
+        (("--backoff", "60:10"), "--backoff:"),
+        (("--retry-on", "exceptions"), "--retry-on: 'exceptions' is not one of"),
+        (("--timeout", "0"), "--timeout:"),
+    ],
+)
+def test_a_bad_policy_is_refused_naming_its_option_and_nothing_is_written(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    db = tmp_path / "none.db"
+    proc = cli("add", "p", "--in", "60", "--shell", "true", *args, db=db, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not db.exists()
+
+
+def test_dlq_commands_refuse_bad_input(db_path: Path) -> None:
+    cli("add", "p", "--in", "600", "--shell", "true", db=db_path)
+    for args, code, message in (
+        (("dlq", "show", "nope"), 2, "RUN: a run's key"),
+        (("dlq", "show", "p:1:0"), 3, "no run"),
+        (("dlq", "redrive"), 2, "give run keys, or --all"),
+        (("dlq", "redrive", "p:1:0", "--all"), 2, "not both"),
+        (("dlq", "redrive", "--target", "shell:true"), 2, "give run keys"),
+        (("dlq", "redrive", "p:1:0"), 3, "not a dead letter"),
+    ):
+        proc = cli(*args, db=db_path, check=False)
+        assert (proc.returncode, message in proc.stderr, "Traceback" in proc.stderr) == (code, True, False), (
+            args,
+            proc.stderr,
+        )
+
+
+def _history(db: Path, job: str) -> list[tuple[str, int]]:
+    return [(r["state"], r["attempt"]) for r in cli_json("history", job, db=db)]
+
+
+def test_a_failing_job_is_retried_then_dead_lettered_then_redriven(tmp_path: Path, db_path: Path) -> None:
+    node = start_node(db_path, tmp_path, tmp_path / "node.log")
+    try:
+        cli(
+            "add", "flaky", "--in", "0.5", "--shell", FLAKY, "--retries", "1", "--backoff", "0.2:0.5",
+            db=db_path, cwd=tmp_path,
+        )  # fmt: skip
+        wait_for(lambda: _history(db_path, "flaky") == [("failed", 2)], 30, "two attempts, then a dead letter")
+        (dead,) = cli_json("dlq", "ls", db=db_path)
+        assert [(f["attempt"], f["kind"], f["error"], f["dead_lettered"]) for f in dead["failures"]] == [
+            (1, "exception", "exit status 4: call 1", False),
+            (2, "exception", "exit status 4: call 2", True),
+        ]
+        assert cli_json("dlq", "ls", "--target", "shell:n=$(cat", db=db_path) == [dead]
+        assert cli_json("dlq", "ls", "--target", "http:elsewhere", db=db_path) == []
+        assert cli_json("dlq", "show", dead["key"], db=db_path)["state"] == "failed"
+        assert "redriven " + dead["key"] in cli("dlq", "redrive", dead["key"], db=db_path).stdout
+        wait_for(lambda: _history(db_path, "flaky") == [("succeeded", 3)], 30, "the redrive")
+        assert cli_json("dlq", "ls", db=db_path) == []
+        assert (tmp_path / "calls").read_text().strip() == "3"
+    finally:
+        stop_node(node)
