@@ -140,11 +140,11 @@ def _run_python(target: PythonTarget, ctx: RunContext) -> Outcome:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise _Unimportable(f"cannot import {module_name!r}: {exc}") from None
+            raise _Unimportable(_describe(exc)) from None
         raise  # the module itself imports something missing: its own failure
     func = getattr(module, func_name, None)
     if func is None:
-        raise _Unimportable(f"module {module_name!r} has no {func_name!r}")
+        raise _Unimportable(f"AttributeError: module {module_name!r} has no attribute {func_name!r}")
     value = func(ctx) if target.timeout_s is None else _call_within(func, ctx, target.timeout_s)
     if value is None:
         return Outcome(True)

@@ -158,3 +158,18 @@ def test_a_dead_letter_goes_with_its_run_when_pruned(backend: Backend) -> None:
     assert not store.redrive("every-10s", t0 + 10_000, 0, t0 + 30_000)
     with pytest.raises(RunNotFound):
         store.get_run("every-10s", t0 + 10_000)
+
+
+def test_a_late_record_of_the_failed_attempts_dispatch_leaves_its_retry_owed(backend: Backend) -> None:
+    # The in-process queue hands a run to a worker before the leader records
+    # it sent: the worker can run it, fail it and schedule its retry first.
+    t0 = contract.T0
+    store = backend.store
+    store.add_job(once_job("o", t0 + 100), 0, 0, PlannedRun(t0 + 100, t0 + 100), t0)
+    (sent,) = store.due_runs(every(1), t0 + 60_000, t0 + 150)
+    assert store.run_started(record(sent, 1), "w1", t0 + 160) == 1
+    store.run_failed(record(sent, 1), _failure(1, t0 + 200), t0 + 5_000)
+    record_sent(store, [sent], every(1), {}, t0 + 150)
+    assert store.get_run("o", sent.run_at_ms).state == "retrying"
+    (again,) = [r for r in store.due_runs(every(1), t0 + 60_000, t0 + 5_000) if r.attempt > 1]
+    assert (again.run_id, again.due_ms, again.attempt) == (sent.run_id, t0 + 5_000, 2)

@@ -39,6 +39,19 @@ def test_a_seeded_world_loses_and_doubles_nothing(seed: int) -> None:
     assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
 
 
+# Worlds where a third of the jobs fail their runs' first one or two
+# attempts: each run still ends in exactly one effect, on time from its first
+# attempt, whatever the faults do to its retries.
+FLAKY_SEEDS = range(1001, 1051)
+
+
+@pytest.mark.parametrize("seed", FLAKY_SEEDS)
+def test_a_world_of_flaky_jobs_retries_each_run_to_one_effect(seed: int) -> None:
+    report = simulate(SimConfig(seed, jobs=100, hours=0.25, fault_count=6, flaky=0.3))
+    assert report.owed > 0
+    assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
+
+
 # Worlds that once broke an invariant, each kept as it was found: the fault
 # kinds pinned, so that a kind added later does not change the world.
 FOUND = [

@@ -44,7 +44,7 @@ def http_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             seen.append({"key": self.headers["Idempotency-Key"], "body": json.loads(body), "path": self.path})
-            status = 500 if self.path == "/fail" else 200
+            status = {"/fail": 500, "/missing": 404, "/slow-down": 429}.get(self.path, 200)
             self.send_response(status)
             self.end_headers()
             self.wfile.write(b"ok")
@@ -235,3 +235,71 @@ def raises_the_unprintable(ctx: RunContext) -> None:
 def test_python_base_exceptions_fail_the_run(function: str, error: str) -> None:
     out = run_target(make({"kind": "python", "ref": f"tests.test_targets:{function}"}), CTX)
     assert not out.succeeded and out.error == error
+
+
+def test_each_failure_says_its_kind_for_the_retry_policy(http_server: tuple[str, list[dict[str, Any]]]) -> None:
+    url, _ = http_server
+    kinds = {
+        "5xx": run_target(make({"kind": "http", "url": f"{url}/fail"}), CTX),
+        "429": run_target(make({"kind": "http", "url": f"{url}/slow-down"}), CTX),
+        "4xx": run_target(make({"kind": "http", "url": f"{url}/missing"}), CTX),
+        # Nothing listens on port 9 of loopback here: refused at once.
+        "connect": run_target(make({"kind": "http", "url": "http://127.0.0.1:9/"}), CTX),
+        "exit": run_target(make({"kind": "shell", "command": "exit 3"}), CTX),
+        "timeout": run_target(make({"kind": "shell", "command": "sleep 5", "timeout_s": 0.2}), CTX),
+        "no module": run_target(make({"kind": "python", "ref": "no_such_module_here:f"}), CTX),
+        "no function": run_target(make({"kind": "python", "ref": "json:no_such_function"}), CTX),
+        "raises": run_target(make({"kind": "python", "ref": f"{__name__}:raises_key_error"}), CTX),
+    }
+    assert {name: outcome.kind for name, outcome in kinds.items()} == {
+        "5xx": "5xx",
+        "429": "5xx",
+        "4xx": "4xx",
+        "connect": "connect",
+        "exit": "exception",
+        "timeout": "timeout",
+        "no module": "import",
+        "no function": "import",
+        "raises": "exception",
+    }
+    assert kinds["raises"].exception_names[:3] == ("KeyError", "LookupError", "Exception")
+
+
+def test_a_module_that_imports_something_missing_fails_as_its_own_exception(tmp_path: Path) -> None:
+    (tmp_path / "broken_dep_mod.py").write_text("import no_such_dependency_here\n\ndef f(ctx):\n    pass\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        outcome = run_target(make({"kind": "python", "ref": "broken_dep_mod:f"}), CTX)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert (outcome.succeeded, outcome.kind) == (False, "exception")
+    assert "ModuleNotFoundError" in (outcome.error or "")
+
+
+def raises_key_error(ctx: RunContext) -> None:
+    raise KeyError("missing")
+
+
+_seen_cancel = threading.Event()
+
+
+def sleeps_until_cancelled(ctx: RunContext) -> None:
+    if ctx.cancelled.wait(30):
+        _seen_cancel.set()
+
+
+def test_a_python_target_past_its_timeout_fails_and_is_told_to_stop() -> None:
+    _seen_cancel.clear()
+    job = make({"kind": "python", "ref": f"{__name__}:sleeps_until_cancelled", "timeout_s": 0.2})
+    ctx = RunContext("j", 5, CTX.run_at, 1, 3, "j:0:0")
+    outcome = run_target(job, ctx)
+    assert (outcome.succeeded, outcome.kind) == (False, "timeout")
+    assert "timed out after 0.2 s" in (outcome.error or "")
+    assert _seen_cancel.wait(10), "the target saw ctx.cancelled"
+
+
+def test_a_python_target_within_its_timeout_returns_its_value() -> None:
+    job = make({"kind": "python", "ref": f"{__name__}:raises_key_error", "timeout_s": 10})
+    assert run_target(job, CTX).error == "KeyError: 'missing'"
+    ok = make({"kind": "python", "ref": "os:getpid", "timeout_s": 10})
+    assert run_target(ok, CTX).kind == "exception"  # getpid takes no argument: the call raises

@@ -41,6 +41,12 @@ def run(
     nodes: Annotated[int, typer.Option(min=1, max=16, help="Nodes, each a leader and a worker.")] = 3,
     partitions: Annotated[int, typer.Option(min=1, max=4096, help="Schedule partitions.")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per world.")] = False,
+    flaky: Annotated[
+        float,
+        typer.Option(
+            min=0, max=1, help="Fraction of jobs whose every run fails its first one or two attempts (retried)."
+        ),
+    ] = 0.0,
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
@@ -50,7 +56,7 @@ def run(
         logging.getLogger("pysched").setLevel(logging.CRITICAL)
     failed = 0
     for n in range(seed, seed + seeds):
-        config = SimConfig(n, jobs, hours, kinds, nodes, partitions, fault_count)
+        config = SimConfig(n, jobs, hours, kinds, nodes, partitions, fault_count, flaky)
         started = time.monotonic()
         report = simulate(config)
         _print(report, time.monotonic() - started, as_json)

@@ -55,6 +55,7 @@ def check_runs(
     run owed once; both are read once (a day's runs are millions: no set of
     them is kept)."""
     first_start = ledger.first_start
+    first_try = ledger.first_try  # a flaky run is on time when its first attempt is
     out: list[Violation] = []
     known = 0  # runs owed that executed: every key the ledger holds, unless one is unowed
     for run in owed:
@@ -66,6 +67,7 @@ def check_runs(
         n = ledger.count(run.key)
         if n > 1:
             out.append(Violation("doubled", f"{run.key} ran {n} times", run.due_ms))
+        started = first_try.get(run.key, started)
         if started < run.due_ms - MAX_SKEW_MS:
             out.append(Violation("early", f"{run.key} started {run.due_ms - started} ms before its time", started))
         if run.due_ms >= quiet_from_ms + RECOVERY_MS and started - run.due_ms > LATE_BOUND_MS:

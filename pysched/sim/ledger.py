@@ -35,6 +35,9 @@ class Ledger:
         self.repeats: Counter[str] = Counter()  # run key -> executions past the first
         self.executed = 0
         self._digest = hashlib.sha256()
+        # Runs of flaky jobs: failed attempts so far, and the first one's start.
+        self.failed: Counter[str] = Counter()
+        self.first_try: dict[str, int] = {}
 
     def add(self, execution: Execution) -> None:
         line = f"{execution.key} {execution.at_ms}"
@@ -70,6 +73,18 @@ def close_ledger(world_id: str) -> None:
         _LEDGERS.pop(world_id, None)
 
 
+class SimulatedFailure(Exception):
+    """A flaky job's attempt failing, with no effect."""
+
+
 def record(ctx: RunContext) -> None:
     ledger = _LEDGERS[str(ctx.payload["world"])]
-    ledger.add(Execution(ctx.idempotency_key, ledger.clock.now_ms()))
+    key = ctx.idempotency_key
+    now_ms = ledger.clock.now_ms()
+    fail_first = int(ctx.payload.get("fail_first", 0))
+    if fail_first:
+        ledger.first_try.setdefault(key, now_ms)
+        if ledger.failed[key] < fail_first:
+            ledger.failed[key] += 1
+            raise SimulatedFailure(f"attempt {ctx.attempt} fails, {ledger.failed[key]} of {fail_first}")
+    ledger.add(Execution(key, now_ms))

@@ -30,12 +30,13 @@ class SimConfig:
     nodes: int = 3
     partitions: int = 16
     fault_count: int = 12
+    flaky: float = 0.0  # the fraction of jobs whose runs fail before they succeed
 
     def replay_line(self) -> str:
         return (
             f"pysched-sim --seed {self.seed} --jobs {self.jobs} --hours {self.hours:g} --nodes {self.nodes}"
             f" --partitions {self.partitions} --fault-count {self.fault_count}"
-            f" --faults {','.join(sorted(self.faults)) or 'none'}"
+            f" --faults {','.join(sorted(self.faults)) or 'none'}" + (f" --flaky {self.flaky:g}" if self.flaky else "")
         )
 
 
@@ -63,7 +64,7 @@ def simulate(config: SimConfig) -> SimReport:
     world_id = f"world-{next(_worlds)}"
     ledger = open_ledger(world_id, world.clock)
     try:
-        jobs = make_jobs(rng, config.jobs, world_id, START_MS, end - START_MS)
+        jobs = make_jobs(rng, config.jobs, world_id, START_MS, end - START_MS, config.flaky)
         register_many(world.nodes[0].clients.store, jobs, START_MS)
         fences = FenceWatch()
         report = SimReport(config)

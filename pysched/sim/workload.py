@@ -27,7 +27,18 @@ class OwedRun:
     due_ms: int
 
 
-def make_jobs(rng: random.Random, count: int, world_id: str, start_ms: int, span_ms: int) -> list[Job]:
+# A flaky job's retry policy: short, so that its runs succeed within the
+# late bound of the invariants, counted from their first attempt.
+FLAKY_RETRY = {"retries": 3, "backoff_base_s": 0.5, "backoff_cap_s": 2.0}
+
+
+def make_jobs(
+    rng: random.Random, count: int, world_id: str, start_ms: int, span_ms: int, flaky: float = 0.0
+) -> list[Job]:
+    """``flaky``: the fraction of jobs whose every run fails its first one
+    or two attempts; drawn from a generator of its own, so that a world
+    without flaky jobs is the world it always was."""
+    flaky_rng = random.Random(rng.random()) if flaky else None
     kinds = [k for k, _ in _KINDS]
     weights = [w for _, w in _KINDS]
     jobs = []
@@ -46,6 +57,9 @@ def make_jobs(rng: random.Random, count: int, world_id: str, start_ms: int, span
             spec["schedule"] = {"kind": "cron", "expr": expr}
             if rng.random() < 0.5:
                 spec["jitter_window_s"] = {"minutely": 30, "hourly": 300, "daily": 600}[kind]
+        if flaky_rng is not None and flaky_rng.random() < flaky:
+            spec["payload"] = {"world": world_id, "fail_first": flaky_rng.randint(1, 2)}
+            spec["retry"] = FLAKY_RETRY
         jobs.append(Job.model_validate(spec))
     return jobs
 
