@@ -70,20 +70,20 @@ Schedule = Annotated[CronSchedule | OnceSchedule, Field(discriminator="kind")]
 class ShellTarget(_Strict):
     kind: Literal["shell"] = "shell"
     command: str = Field(min_length=1)
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class PythonTarget(_Strict):
     kind: Literal["python"] = "python"
     ref: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="module:function")
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class HttpTarget(_Strict):
     kind: Literal["http"] = "http"
     url: str
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    timeout_s: float = Field(default=30.0, gt=0)
+    timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
 
     @field_validator("url")
     @classmethod

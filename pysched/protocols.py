@@ -181,6 +181,8 @@ class FailedAttempt:
     # Whether this failure made the run a dead letter: retries after a
     # redrive are counted from the last such failure.
     dead_lettered: bool = False
+    # What the attempt printed (a shell command's standard output's tail).
+    result: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -192,6 +194,7 @@ class FailedAttempt:
                 "error": self.error,
                 "kind": self.kind,
                 "dead_lettered": self.dead_lettered,
+                "result": self.result,
             },
             separators=(",", ":"),
         )
@@ -207,6 +210,7 @@ class FailedAttempt:
             data.get("error"),
             data.get("kind"),
             bool(data.get("dead_lettered", False)),
+            data.get("result"),
         )
 
 

@@ -51,6 +51,9 @@ def test_add_keeps_the_policy_and_show_prints_it(db_path: Path) -> None:
         (("--backoff", "60:10"), "--backoff:"),
         (("--retry-on", "exceptions"), "--retry-on: 'exceptions' is not one of"),
         (("--timeout", "0"), "--timeout:"),
+        (("--timeout", "inf"), "--timeout:"),
+        (("--retry-on", ""), "--retry-on: name at least one kind"),
+        (("--retry-on", " , "), "--retry-on: name at least one kind"),
     ],
 )
 def test_a_bad_policy_is_refused_naming_its_option_and_nothing_is_written(
@@ -106,3 +109,33 @@ def test_a_failing_job_is_retried_then_dead_lettered_then_redriven(tmp_path: Pat
         assert (tmp_path / "calls").read_text().strip() == "3"
     finally:
         stop_node(node)
+
+
+def test_a_failed_runs_output_is_kept_with_it(tmp_path: Path, db_path: Path) -> None:
+    node = start_node(db_path, tmp_path, tmp_path / "node.log")
+    try:
+        cli(
+            "add", "outerr", "--in", "0.5", "--shell", "echo to-stdout; echo to-stderr >&2; exit 1", "--retries", "0",
+            db=db_path,
+        )  # fmt: skip
+        wait_for(lambda: _history(db_path, "outerr") == [("failed", 1)], 30, "the run to fail")
+        (run,) = cli_json("history", "outerr", db=db_path)
+        assert (run["result"], run["error"]) == ("to-stdout", "exit status 1: to-stderr")
+        (dead,) = cli_json("dlq", "ls", db=db_path)
+        assert dead["failures"][0]["result"] == "to-stdout"
+    finally:
+        stop_node(node)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("dlq", "ls", "--target", "bogus"), "--target: a downstream"),
+        (("dlq", "ls", "--target", "python:"), "--target: a downstream"),
+        (("dlq", "redrive", "--all", "--target", "shell"), "--target: a downstream"),
+    ],
+)
+def test_a_bad_downstream_is_refused(db_path: Path, args: tuple[str, ...], message: str) -> None:
+    cli("add", "p", "--in", "600", "--shell", "true", db=db_path)
+    proc = cli(*args, db=db_path, check=False)
+    assert (proc.returncode, message in proc.stderr) == (2, True), proc.stderr

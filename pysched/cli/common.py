@@ -207,6 +207,7 @@ def failure_json(failure: FailedAttempt) -> dict[str, Any]:
         "kind": failure.kind,
         "error": failure.error,
         "dead_lettered": failure.dead_lettered,
+        "result": failure.result,
     }
 
 

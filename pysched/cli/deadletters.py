@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +30,7 @@ app = typer.Typer(no_args_is_help=True, help="Dead letters: runs that failed for
 
 RUN_HELP = "The run's key, JOB:RUN_AT_MS:GROUP, as `pysched dlq ls` shows it."
 _LIMIT = 100_000
+_TARGET = re.compile(r"^(http|python|shell):\S.*$")
 
 
 def _run_key(value: str) -> tuple[str, int, int]:
@@ -48,6 +50,12 @@ def _dead_letter_json(run: RunRecord) -> dict[str, Any]:
     }
 
 
+def _target(value: str | None) -> str | None:
+    if value is not None and not _TARGET.match(value):
+        fail(f"--target: a downstream, http:HOST[:PORT], python:MODULE or shell:PROGRAM; got {value!r}")
+    return value
+
+
 def _downstream(store: ScheduleStore, job_id: str) -> str | None:
     try:
         return downstream_of(store.get_job(job_id).job.target)
@@ -58,7 +66,11 @@ def _downstream(store: ScheduleStore, job_id: str) -> str | None:
 @app.command("ls")
 def ls(
     target: Annotated[
-        str | None, typer.Option("--target", help="Only runs whose job calls this downstream (http:HOST, ...).")
+        str | None,
+        typer.Option(
+            "--target",
+            help="Only runs whose job calls this downstream: http:HOST[:PORT], python:MODULE or shell:PROGRAM.",
+        ),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=_LIMIT, help="Newest dead letters to show.")] = 1000,
     db: DbOption = DEFAULT_DB,
@@ -66,6 +78,7 @@ def ls(
     as_json: JsonOption = False,
 ) -> None:
     """List dead letters, newest failure first."""
+    target = _target(target)
     store = open_store(db, config, access="read")
     runs = store.dead_letters(limit)
     if target is not None:
@@ -126,6 +139,7 @@ def redrive(
         fail("RUN: give run keys or --all, not both" if runs else "RUN: give run keys, or --all")
     if target is not None and not all_runs:
         fail("--target: applies only with --all")
+    target = _target(target)
     keys = [_run_key(r) for r in runs or []]
     store = open_store(db, config, access="write")
     if all_runs:

@@ -123,7 +123,9 @@ def _retry_policy(retries: int | None, backoff: str | None, retry_on: str | None
         except ValueError:
             fail(f"--backoff: BASE_S:CAP_S, two numbers of seconds such as 10:600; got {backoff!r}")
     if retry_on is not None:
-        kinds = tuple(kind.strip() for kind in retry_on.split(",") if kind.strip())
+        kinds = tuple(dict.fromkeys(kind.strip() for kind in retry_on.split(",") if kind.strip()))
+        if not kinds:
+            fail("--retry-on: name at least one kind of failure (--retries 0 turns retries off)")
         policy["retry_on"] = kinds
     return policy
 

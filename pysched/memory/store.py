@@ -560,7 +560,7 @@ class MemoryScheduleStore:
             if row.state in ("succeeded", "cancelled"):
                 self._put_run(record, row)
                 return
-            ended = replace_row(row, ended_at_ms=failure.ended_at_ms, error=failure.error, result=None)
+            ended = replace_row(row, ended_at_ms=failure.ended_at_ms, error=failure.error, result=failure.result)
             job = self.tables.jobs.get(record.job_id)
             if retry_due_ms is not None and job is not None and job.state == "cancelled":
                 self._put_run(record, replace_row(ended, state="cancelled"))

@@ -419,12 +419,12 @@ class CassandraScheduleStore:
         # run_id and partition too: a run pruned meanwhile comes back whole
         # enough to be read, retried and redriven.
         self._end_failed = p(
-            f"UPDATE {ks}.runs SET failures[?] = ?, state = ?, due_ms = ?, ended_at_ms = ?, error = ?, result = null,"
+            f"UPDATE {ks}.runs SET failures[?] = ?, state = ?, due_ms = ?, ended_at_ms = ?, error = ?, result = ?,"
             " run_id = ?, partition = ? WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._end_dead = p(
             f"UPDATE {ks}.runs SET failures[?] = ?, state = 'failed', due_ms = ?, ended_at_ms = ?, error = ?,"
-            " result = null, run_id = ?, partition = ?, dead_at_ms = ?"
+            " result = ?, run_id = ?, partition = ?, dead_at_ms = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._redrive_run = p(
@@ -882,7 +882,7 @@ class CassandraScheduleStore:
             self.session.execute(self._add_failure, (*entry, *key))
             return
         due = record.due_ms if row is None or row.due_ms is None else int(row.due_ms)
-        ended = (failure.ended_at_ms, failure.error, record.run_id, record.partition)
+        ended = (failure.ended_at_ms, failure.error, failure.result, record.run_id, record.partition)
         if retry_due_ms is not None:
             job = self.session.execute(self._job_state, (record.job_id,)).one()
             if job is not None and job.state == "cancelled":

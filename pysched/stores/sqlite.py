@@ -364,13 +364,14 @@ class SQLiteScheduleStore:
             else:
                 state = "failed" if retry_due_ms is None else "retrying"
             cur = conn.execute(
-                "UPDATE runs SET state = ?, due_ms = coalesce(?, due_ms), ended_at_ms = ?, error = ?, result = NULL"
+                "UPDATE runs SET state = ?, due_ms = coalesce(?, due_ms), ended_at_ms = ?, error = ?, result = ?"
                 " WHERE run_id = ? AND state NOT IN ('succeeded', 'cancelled') RETURNING partition",
                 (
                     state,
                     retry_due_ms,
                     failure.ended_at_ms,
                     failure.error,
+                    failure.result,
                     record.run_id,
                 ),
             ).fetchone()

@@ -31,6 +31,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
@@ -312,7 +313,14 @@ class Executor:
             delay = retry_delay_ms(execution.job.retry, end.kind, end.exception_names, failures, attempt, self._rng)
         retry_due_ms = None if delay is None else end.at_ms + delay
         failure = FailedAttempt(
-            attempt, self.holder, execution.started_at_ms, end.at_ms, end.error, end.kind, retry_due_ms is None
+            attempt,
+            self.holder,
+            execution.started_at_ms,
+            end.at_ms,
+            end.error,
+            end.kind,
+            retry_due_ms is None,
+            end.result,
         )
         self.store.run_failed(record._replace(attempt=attempt), failure, retry_due_ms)
         return retry_due_ms
@@ -354,13 +362,13 @@ class Executor:
             job_id = execution.record.job_id
             if end.state == "succeeded":
                 log.info("ran %s: succeeded%s", job_id, f": {end.result}" if end.result else "")
-            elif end.state == "failed" and retry_at.get(execution.holder) is not None:
+            elif end.state == "failed" and (retry_ms := retry_at.get(execution.holder)) is not None:
                 self.count("retried")
                 log.warning(
-                    "ran %s: attempt %d failed, retrying at %d: %s",
+                    "ran %s: attempt %d failed, retrying at %s: %s",
                     job_id,
                     execution.attempt or execution.record.attempt,
-                    retry_at[execution.holder],
+                    datetime.fromtimestamp(retry_ms / 1000, UTC).isoformat(timespec="milliseconds"),
                     end.error,
                 )
             elif end.state == "failed":
