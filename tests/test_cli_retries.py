@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pysched.cli.common import run_json
+from pysched.protocols import RunRecord
 from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
 
 # Fails its first two calls (counted in a file beside the database), then succeeds.
@@ -139,3 +141,10 @@ def test_a_bad_downstream_is_refused(db_path: Path, args: tuple[str, ...], messa
     cli("add", "p", "--in", "600", "--shell", "true", db=db_path)
     proc = cli(*args, db=db_path, check=False)
     assert (proc.returncode, message in proc.stderr) == (2, True), proc.stderr
+
+
+def test_a_run_waiting_for_its_retry_shows_no_lag_against_the_retrys_time() -> None:
+    waiting = RunRecord(1, "j", 1_000, 20_000, "retrying", 1, 1, 1_001, 1_002, 1_050, "w", "exit status 1", None)
+    shown = run_json(waiting)
+    assert (shown["fire_lag_ms"], shown["start_lag_ms"], shown["duration_ms"]) == (None, None, None)
+    assert shown["due_at"] is not None and shown["error"] == "exit status 1"

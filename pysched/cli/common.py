@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
@@ -176,6 +177,10 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:
+    if run.state == "retrying":
+        # Its due time is the retry's; the times beside it are the failed
+        # attempt's, whose lags against it would mean nothing.
+        run = replace(run, dispatched_at_ms=None, started_at_ms=None)
     return {
         "run_id": run.run_id,
         "state": run.state,
