@@ -241,6 +241,13 @@ class RunRecord:
     def idempotency_key(self) -> str:
         return idempotency_key(self.job_id, self.run_at_ms, self.attempt_group)
 
+    @classmethod
+    def waiting(
+        cls, run_id: int, job_id: str, run_at_ms: int, due_ms: int, state: str, attempt: int, fence: int | None
+    ) -> RunRecord:
+        """A run not yet handed on: no dispatch, start or end yet."""
+        return cls(run_id, job_id, run_at_ms, due_ms, state, attempt, fence, None, None, None, None, None, None)
+
 
 @dataclass(frozen=True, slots=True)
 class JobPlanState:

@@ -6,7 +6,7 @@ import pytest
 
 import tests.test_contract as contract
 from pysched.leader.recording import record_sent
-from pysched.protocols import FailedAttempt, PlannedRun, RunNotFound
+from pysched.protocols import FailedAttempt, PlannedRun, Run, RunNotFound
 from tests.test_contract import Backend, _fresh_t0, backend, every, once_job, record
 
 __all__ = ["_fresh_t0", "backend"]  # the shared fixtures, used by name
@@ -102,13 +102,21 @@ def test_only_a_dead_letter_is_redriven(backend: Backend) -> None:
         backend.store.get_run("nope", t0 + 100)
 
 
-def test_a_run_whose_job_was_cancelled_is_not_retried(backend: Backend) -> None:
+def _started_cron_run(backend: Backend) -> Run:
+    """The every-10s job's run due at T0+10s, handed on and started."""
     t0 = contract.T0
     store = backend.store
     store.add_job(contract.cron_job(), 0, 0, PlannedRun(t0 + 10_000, t0 + 10_000), t0)
     (sent,) = store.due_runs(every(1), t0 + 11_000, t0 + 10_000)
     record_sent(store, [sent], every(1), {}, t0 + 10_000)
     assert store.run_started(record(sent, 1), "w1", t0 + 10_001) == 1
+    return sent
+
+
+def test_a_run_whose_job_was_cancelled_is_not_retried(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    sent = _started_cron_run(backend)
     # Cancelled while it ran: it goes on, and its failure is its end.
     store.cancel_job("every-10s", t0 + 10_002)
     store.run_failed(record(sent, 1), _failure(1, t0 + 10_004), t0 + 15_000)
@@ -121,10 +129,7 @@ def test_a_run_whose_job_was_cancelled_is_not_retried(backend: Backend) -> None:
 def test_a_reschedule_cancels_a_run_retrying(backend: Backend) -> None:
     t0 = contract.T0
     store = backend.store
-    store.add_job(contract.cron_job(), 0, 0, PlannedRun(t0 + 10_000, t0 + 10_000), t0)
-    (sent,) = store.due_runs(every(1), t0 + 11_000, t0 + 10_000)
-    record_sent(store, [sent], every(1), {}, t0 + 10_000)
-    assert store.run_started(record(sent, 1), "w1", t0 + 10_001) == 1
+    sent = _started_cron_run(backend)
     store.run_failed(record(sent, 1), _failure(1, t0 + 10_002), t0 + 15_000)
     # Its retry would run the old spec's run under the new one.
     store.reschedule(contract.cron_job(expr="7 * * * *"), 0, PlannedRun(t0 + 420_000, t0 + 420_000), t0 + 10_003)

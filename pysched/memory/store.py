@@ -766,21 +766,7 @@ def _full_record(row: RunRow) -> RunRecord:
     for its first dispatch, with its failed attempts."""
     record = _run_record(row)
     if record is None:
-        record = RunRecord(
-            row.run_id,
-            row.job_id,
-            row.run_at_ms,
-            row.due_ms,
-            row.state,
-            row.attempt,
-            row.fence,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        record = RunRecord.waiting(row.run_id, row.job_id, row.run_at_ms, row.due_ms, row.state, row.attempt, row.fence)
     return replace(record, failures=tuple(f for _, f in row.failures), attempt_group=row.attempt_group)
 
 

@@ -650,21 +650,7 @@ class CassandraScheduleStore:
         for its first dispatch, with its failed attempts by attempt number."""
         record = cls._run_record(r)
         if record is None:
-            record = RunRecord(
-                r.run_id,
-                r.job_id,
-                r.run_at_ms,
-                r.due_ms,
-                r.state,
-                r.attempt or 0,
-                r.fence,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-            )
+            record = RunRecord.waiting(r.run_id, r.job_id, r.run_at_ms, r.due_ms, r.state, r.attempt or 0, r.fence)
         failures = r.failures or {}
         return replace(
             record,
