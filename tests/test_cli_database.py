@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -174,3 +175,43 @@ def test_a_job_a_later_version_refuses_is_still_listed_shown_and_cancelled(db_pa
     assert cli_json("show", "stale", db=db_path)["schedule"]["expr"] == "0 1 * * *"
     cli("cancel", "stale", db=db_path)
     assert {job["id"]: job["state"] for job in cli_json("ls", db=db_path)}["stale"] == "cancelled"
+
+
+_OPEN_AT_GO = """
+import sys
+from pathlib import Path
+from pysched.protocols import PartitionsMismatch
+from pysched.stores.sqlite_db import DatabaseUnusable, SQLiteDatabase
+go = Path(sys.argv[2])
+while not go.exists():  # spinning: the processes leave within microseconds of each other
+    pass
+try:
+    print(SQLiteDatabase(sys.argv[1], access="create", partitions=int(sys.argv[3])).partitions)
+except (DatabaseUnusable, PartitionsMismatch) as exc:
+    print(exc)
+"""
+
+
+def test_processes_starting_together_on_a_new_path_all_open_one_database(tmp_path: Path) -> None:
+    # `pysched up` and `pysched add` run at once on a fresh path: each used
+    # to switch the same empty file to WAL and write its schema, and one
+    # failed ("database is locked", "disk I/O error").
+    for round_ in range(8):
+        db, go = tmp_path / f"{round_}.db", tmp_path / f"go.{round_}"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPEN_AT_GO, str(db), str(go), str(count)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for count in (8, 16)
+        ]
+        time.sleep(0.5)  # all waiting on the file; a late one opens an existing database
+        go.touch()
+        answers = [p.communicate(timeout=60)[0].strip() for p in procs]
+        # One count holds (the first link's); the others are told it differs.
+        opened = [a for a in answers if a.isdigit()]
+        assert len(opened) == 1, answers
+        assert all("partitions" in a for a in answers if not a.isdigit()), answers
+        assert SQLiteDatabase(db, access="read").partitions == int(opened[0])
+    assert sorted(p.name for p in tmp_path.iterdir() if ".new-" in p.name) == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -124,7 +125,7 @@ class SQLiteDatabase:
         # mode=rw: SQLite never creates the file itself, so only the code
         # below decides whether a database comes into being, and with what mode.
         self._uri = Path(self.path).absolute().as_uri() + "?mode=rw"
-        created = _create(self.path) if access == "create" else _require(self.path)
+        created = _create(self.path, partitions) if access == "create" else _require(self.path)
         try:
             self._prepare(access, partitions)
         except DatabaseUnusable:
@@ -214,14 +215,52 @@ class SQLiteDatabase:
             self._local.conn = None
 
 
-def _create(path: str) -> bool:
-    """Create the file, readable by its owner alone, if missing (SQLite
-    gives its -wal and -shm files the same mode). True if it was created."""
+def _create(path: str, partitions: int | None) -> bool:
+    """Make the database if missing, readable by its owner alone (SQLite
+    gives its -wal and -shm files the same mode). True if the file was
+    created empty here, to be prepared in place.
+
+    A new database is prepared under a name of its own and linked into
+    place whole: two processes starting on a fresh path at once (a node and
+    an `add`) would otherwise race to switch the same empty file to WAL and
+    write its schema, and one of them fails ("database is locked", even
+    "disk I/O error"). Of two links the first holds; the other process opens
+    it like any existing database."""
+    if os.path.lexists(path):
+        return _require(path)
+    draft = f"{path}.new-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.close(os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        raise DatabaseUnusable(path, f"cannot create it: {exc.strerror}") from None
+    try:
+        try:
+            built = SQLiteDatabase(draft, access="create", partitions=partitions)
+        except DatabaseUnusable as exc:
+            raise DatabaseUnusable(path, exc.reason) from None
+        try:
+            # Everything into the file itself: the draft's -wal is not linked.
+            built.connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            built.close()
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            return _require(path)  # another process's database came first
+        except OSError:
+            return _create_in_place(path)  # a file system without hard links
+        return False
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            with suppress(OSError):
+                Path(draft + suffix).unlink()
+
+
+def _create_in_place(path: str) -> bool:
     try:
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
-        _require(path)
-        return False
+        return _require(path)
     except OSError as exc:
         raise DatabaseUnusable(path, f"cannot create it: {exc.strerror}") from None
     return True
