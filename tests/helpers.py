@@ -46,10 +46,15 @@ def stop_node(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, log: Path | None = None) -> None:
+    """Poll ``predicate`` until it holds; on timeout, say what was awaited
+    and show the end of the node's ``log``, which says why."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    tail = ""
+    if log is not None and log.exists():
+        tail = "\n--- end of " + log.name + " ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{tail}")

@@ -84,7 +84,7 @@ def test_a_run_past_the_grace_is_stopped_recorded_interrupted_and_run_again_as_a
     first_pid = None
     try:
         cli("add", "long", "--in", "1", "--shell", LONG_JOB, db=db_path, cwd=tmp_path)
-        wait_for(lambda: _read_pid(tmp_path / "pid.1") is not None, 30, "the first attempt to start")
+        wait_for(lambda: _read_pid(tmp_path / "pid.1") is not None, 30, "the first attempt to start", log)
         first_pid = _read_pid(tmp_path / "pid.1")
         assert first_pid is not None and _alive(first_pid)
         os.kill(node.pid, signal.SIGTERM)
@@ -100,7 +100,9 @@ def test_a_run_past_the_grace_is_stopped_recorded_interrupted_and_run_again_as_a
         assert "interrupted long" in log.read_text()
 
         second = start_node(db_path, tmp_path, tmp_path / "b.log", "--grace", "2", "--workers", "1")
-        wait_for(lambda: _read_pid(tmp_path / "pid.2") is not None, 60, "the second attempt to start")
+        wait_for(
+            lambda: _read_pid(tmp_path / "pid.2") is not None, 60, "the second attempt to start", tmp_path / "b.log"
+        )
         assert not _group(first_pid), "the first copy still ran when the second started"
         assert not (tmp_path / "end.1").exists()
         assert _runs(db_path, "long") == [("running", 2)]
