@@ -131,6 +131,11 @@ class RetryPolicy(_Strict):
         return self
 
 
+CatchUp = Literal["skip", "run_once", "run_all", "deadline"]
+CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run_once", "run_all", "deadline")
+DEFAULT_MAX_DELAY_S = 60.0
+
+
 class Job(_Strict):
     id: str = Field(pattern=JOB_ID_PATTERN)
     schedule: Schedule
@@ -139,10 +144,18 @@ class Job(_Strict):
     # None: 60 s for a recurring job, none for a one-shot; a critical job has none.
     jitter_window_s: float | None = Field(default=None, ge=0, le=3600, allow_inf_nan=False)
     critical: bool = False
-    # What happens to runs missed while no scheduler was up; only the default
-    # exists so far: one catch-up run, then the schedule resumes from now.
-    catch_up: Literal["run_once"] = "run_once"
+    # What happens to schedule times missed while no scheduler was up (see
+    # pysched/catchup.py): run_once (the default, as Celery beat and
+    # APScheduler's coalesce do), skip, run_all or deadline.
+    catch_up: CatchUp = "run_once"
+    # How late a run may start and still run, for skip and deadline (as a
+    # CronJob's startingDeadlineSeconds); None: DEFAULT_MAX_DELAY_S.
+    max_delay_s: float | None = Field(default=None, gt=0, le=30 * 86_400, allow_inf_nan=False)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+    @property
+    def max_delay_ms(self) -> int:
+        return round((DEFAULT_MAX_DELAY_S if self.max_delay_s is None else self.max_delay_s) * 1000)
 
     def jitter_window_ms(self, period_ms: int | None) -> int:
         """The window this job's runs spread over, capped by its period so

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from pysched import cron, native
+from pysched import catchup, cron, native
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.protocols import JobPlanState, NextRun, NextRuns, PlannedRun, Run
 
@@ -38,22 +38,6 @@ def first_run(job: Job, jitter_ms: int, now_ms: int) -> PlannedRun | None:
     raise AssertionError(f"unknown schedule {job.schedule!r}")
 
 
-def next_run(job: Job, jitter_ms: int, run_at_ms: int, now_ms: int) -> PlannedRun | None:
-    """The run after the one at ``run_at_ms`` was dispatched.
-
-    The first schedule time after that run whose due time (with the job's
-    jitter) has not passed: after downtime the one overdue run fires, then the
-    schedule resumes from now instead of replaying every missed time (the
-    ``run_once`` catch-up). Due times, not schedule times, decide: a run
-    jittered to 59.99 s past its minute fires after the next minute began,
-    and the next minute's run is still ahead, not missed.
-    """
-    if not isinstance(job.schedule, CronSchedule):
-        return None
-    nxt = cron.next_after(job.schedule.expr, job.schedule.tz, max(run_at_ms, now_ms - jitter_ms - 1))
-    return None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)
-
-
 def is_resend(state: JobPlanState, run_at_ms: int) -> bool:
     """Whether the run at ``run_at_ms`` was handed on before (by a leader
     that died, or to a worker that did): the job's next run is already
@@ -74,12 +58,12 @@ def plan_after_dispatch(rows: Sequence[Run], jobs: Mapping[str, JobPlanState], n
         state = states.get(row.job_id)
         if state is None or is_resend(state, row.run_at_ms):
             continue
-        nxt = next_run(state.job, state.jitter_ms, row.run_at_ms, now_ms)
+        nxt, missed = catchup.next_run(state.job, state.jitter_ms, row.run_at_ms, now_ms)
         if nxt is None:
             completed[row.job_id] = None
             planned.pop(row.job_id, None)
             del states[row.job_id]
             continue
-        planned[row.job_id] = NextRun(row.job_id, state.partition, nxt)
+        planned[row.job_id] = NextRun(row.job_id, state.partition, nxt, missed)
         states[row.job_id] = replace(state, next_run_at_ms=nxt.run_at_ms)
     return NextRuns(list(planned.values()), list(completed))

@@ -222,7 +222,8 @@ class RunRecord:
     due_ms: int
     # scheduled | dispatched | running | succeeded | failed | cancelled, or
     # interrupted: stopped with its node, to run again as a new attempt, or
-    # retrying: failed, and owed again as the next attempt at ``due_ms``.
+    # retrying: failed, and owed again as the next attempt at ``due_ms``, or
+    # missed: handed on too late for its job's catch-up policy, never run.
     state: str
     attempt: int
     fence: int | None
@@ -262,11 +263,36 @@ class JobPlanState:
     next_run_at_ms: int | None
 
 
+# Why a schedule time of a job ran no run: its catch-up policy skipped it
+# (``skip``, or one of the times ``run_once`` collapsed), it was later than
+# the job's ``max_delay`` (``deadline``), the job was paused, or its previous
+# run was still running (overlap ``forbid``).
+MISSED_REASONS = ("skipped", "past_deadline", "paused", "overlap")
+
+
+@dataclass(frozen=True, slots=True)
+class MissedRuns:
+    """The schedule times of a job from ``first_ms`` up to (not including)
+    ``end_ms`` that ran no run, for ``reason``. Kept once under (job,
+    ``first_ms``) however often written: a schedule time is missed once, and
+    a write repeated after a timeout counts nothing twice. Stored as the
+    span, counted when read (catchup.count_missed): a day of a minutely job
+    is one row, not 1,440."""
+
+    job_id: str
+    first_ms: int
+    end_ms: int
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class NextRun:
     job_id: str
     partition: int
     run: PlannedRun
+    # The schedule times passed over to reach ``run`` (catch-up after
+    # downtime), recorded with it.
+    missed: MissedRuns | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,6 +461,18 @@ class ScheduleStore(Protocol):
         redriven or pruned with its history. A run that succeeded or was
         cancelled meanwhile keeps its state; a run whose job was cancelled
         is not retried, and ends cancelled."""
+        ...
+
+    def run_missed(self, record: DispatchRecord, missed: MissedRuns, error: str, now_ms: int) -> None:
+        """Record a run handed on too late for its job's catch-up policy:
+        it ends ``missed`` with ``error`` saying why, never having run, and
+        ``missed`` (the run's own time) is kept. A run
+        that has started, ended or was cancelled meanwhile keeps its state."""
+        ...
+
+    def missed_runs(self, job_ids: Sequence[str]) -> dict[str, list[MissedRuns]]:
+        """Per job (those with any), the schedule times it missed, oldest
+        first."""
         ...
 
     def get_run(self, job_id: str, run_at_ms: int, attempt_group: int = 0) -> RunRecord:

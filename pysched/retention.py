@@ -1,6 +1,6 @@
 """How long run history is kept, and the background pass that prunes it.
 
-A finished run (succeeded, failed, cancelled) goes when it ended more than
+A finished run (succeeded, failed, cancelled, missed) goes when it ended more than
 ``days`` ago or when its job has ``keep_per_job`` newer finished runs,
 whichever comes first. A scheduled, dispatched or running run is never
 pruned, nor the newest finished run of a job: ``show`` always has a last run

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pysched import native
+from pysched.catchup import next_run
 from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
 from pysched.leader.recording import record_sent
 from pysched.model import Job
 from pysched.node import open_embedded
-from pysched.planning import next_run
 from pysched.protocols import (
     ClaimOutcome,
     Coordinator,
@@ -173,12 +173,12 @@ def test_a_run_jittered_to_the_end_of_its_minute_misses_no_later_run(tmp_path: P
 def test_the_next_run_counts_from_due_times() -> None:
     minutely = job({"id": "m", "schedule": {"kind": "cron", "expr": "* * * * *"}})
     # Sent 12 ms after a due time 59.993 s past its minute: the next minute is next.
-    assert next_run(minutely, 59_993, T0, T0 + 60_005) == PlannedRun(T0 + 60_000, T0 + 119_993)
+    assert next_run(minutely, 59_993, T0, T0 + 60_005)[0] == PlannedRun(T0 + 60_000, T0 + 119_993)
     # Ten minutes down: the next run still ahead, none of those missed.
-    assert next_run(minutely, 30_000, T0, T0 + 10 * 60_000 + 45_000) == PlannedRun(
+    assert next_run(minutely, 30_000, T0, T0 + 10 * 60_000 + 45_000)[0] == PlannedRun(
         T0 + 11 * 60_000, T0 + 11 * 60_000 + 30_000
     )
-    assert next_run(minutely, 0, T0, T0 + 10 * 60_000 + 5) == PlannedRun(T0 + 11 * 60_000, T0 + 11 * 60_000)
+    assert next_run(minutely, 0, T0, T0 + 10 * 60_000 + 5)[0] == PlannedRun(T0 + 11 * 60_000, T0 + 11 * 60_000)
 
 
 class DownUntil:

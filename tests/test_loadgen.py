@@ -12,7 +12,8 @@ import pytest
 from loadgen.measure import Observed, percentiles, report
 from loadgen.shapes import Load, spike_jobs, sustain_jobs, sustain_recurring
 from pysched import native
-from pysched.planning import first_run, jitter_for, next_run
+from pysched.catchup import next_run
+from pysched.planning import first_run, jitter_for
 
 LOADGEN = [sys.executable, "-m", "loadgen"]
 T = 1_800_000_000_000
@@ -50,7 +51,7 @@ def test_recurring_sustain_expects_what_pysched_plans(tmp_path: Path) -> None:
         assert planned is not None
         for _ in range(3):
             assert load.expected[f"{job.id}:{planned.run_at_ms}:0"] == planned.due_ms
-            planned = next_run(job, jitter, planned.run_at_ms, planned.due_ms)
+            planned = next_run(job, jitter, planned.run_at_ms, planned.due_ms)[0]
             assert planned is not None
     with pytest.raises(ValueError, match="minute boundary"):
         sustain_recurring(1, 1, start + 1, tmp_path / "l", "x")

@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
@@ -15,11 +16,21 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from pysched.catchup import count_missed
 from pysched.clock import SystemClock
 from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
 from pysched.coord.local import scheduler_seen
-from pysched.protocols import FailedAttempt, JobRecord, PartitionsMismatch, RunRecord, ScheduleStore
+from pysched.model import Job
+from pysched.protocols import (
+    MISSED_REASONS,
+    FailedAttempt,
+    JobRecord,
+    MissedRuns,
+    PartitionsMismatch,
+    RunRecord,
+    ScheduleStore,
+)
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import Access, DatabaseUnusable, SQLiteDatabase
 
@@ -64,6 +75,8 @@ FLAG_FOR_FIELD = {
     "retry": "--backoff",
     "retry.retry_on": "--retry-on",
     "target.timeout_s": "--timeout",
+    "max_delay_s": "--max-delay",
+    "catch_up": "--catch-up",
 }
 ID_RULE = "ASCII letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit"
 # (field, pydantic error type) -> what would be accepted, in words.
@@ -168,12 +181,23 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
         "payload": rec.job.payload,
         "critical": rec.job.critical,
         "retry": rec.job.retry.model_dump(),
+        "catch_up": rec.job.catch_up,
+        "max_delay_s": rec.job.max_delay_ms / 1000,
         "jitter_ms": rec.jitter_ms,
         "partition": rec.partition,
         "created_at": iso(rec.created_at_ms),
         "next_run_at": iso(rec.next_run.run_at_ms) if rec.next_run else None,
         "next_due_at": iso(rec.next_run.due_ms) if rec.next_run else None,
     }
+
+
+def missed_json(job: Job, missed: Sequence[MissedRuns]) -> dict[str, int]:
+    """The schedule times a job missed, counted by reason (every reason,
+    zero when none)."""
+    counts = dict.fromkeys(MISSED_REASONS, 0)
+    for span in missed:
+        counts[span.reason] = counts.get(span.reason, 0) + count_missed(job, span)
+    return counts
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:

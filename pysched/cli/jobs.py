@@ -30,11 +30,12 @@ from pysched.cli.common import (
     flag_for,
     iso,
     job_json,
+    missed_json,
     open_store,
     run_json,
     warn_without_scheduler,
 )
-from pysched.model import CronSchedule, Job, OnceSchedule, RetryPolicy
+from pysched.model import CATCH_UP_POLICIES, DEFAULT_MAX_DELAY_S, CronSchedule, Job, OnceSchedule, RetryPolicy
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
 from pysched.registry import register, reschedule
 
@@ -171,6 +172,20 @@ def describe_retry(policy: RetryPolicy) -> str:
     )
 
 
+def describe_catch_up(job: Job) -> str:
+    delay = f"{job.max_delay_ms / 1000:g} s"
+    return {
+        "run_once": "run_once: after downtime one run, the missed times before it skipped",
+        "skip": f"skip: a run more than {delay} late does not run; the schedule resumes at the next time",
+        "run_all": "run_all: every missed time runs, through the catch-up lane",
+        "deadline": f"deadline: missed times within {delay} run, older ones do not",
+    }[job.catch_up]
+
+
+def describe_missed(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in counts.items() if n) or "none"
+
+
 def _print_job(rec: JobRecord, as_json: bool, verb: str) -> None:
     if as_json:
         echo_json(job_json(rec))
@@ -227,6 +242,22 @@ def add(
         float | None,
         typer.Option("--timeout", help="Seconds a run may take before it is stopped (HTTP default 30)."),
     ] = None,
+    catch_up: Annotated[
+        str | None,
+        typer.Option(
+            "--catch-up",
+            help="Schedule times missed while down: run_once (default: one run, the rest skipped), skip,"
+            " run_all, or deadline (those within --max-delay).",
+        ),
+    ] = None,
+    max_delay: Annotated[
+        float | None,
+        typer.Option(
+            "--max-delay",
+            help="Seconds late a run may start and still run, for skip and deadline"
+            f" (default {DEFAULT_MAX_DELAY_S:g}).",
+        ),
+    ] = None,
     db: DbOption = DEFAULT_DB,
     config: ConfigOption = None,
     as_json: JsonOption = False,
@@ -246,6 +277,12 @@ def add(
     }
     if jitter is not None:
         spec["jitter_window_s"] = jitter
+    if catch_up is not None:
+        if catch_up not in CATCH_UP_POLICIES:
+            fail(f"--catch-up: {catch_up!r} is not one of {', '.join(CATCH_UP_POLICIES)}")
+        spec["catch_up"] = catch_up
+    if max_delay is not None:
+        spec["max_delay_s"] = max_delay
     if payload is not None:
         spec["payload"] = _payload(payload)
     try:
@@ -275,7 +312,17 @@ def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOpti
     records = store.list_jobs()
     last = store.last_runs([r.job.id for r in records])
     if as_json:
-        echo_json([{**job_json(r), "last_run": _last_run_json(last.get(r.job.id))} for r in records])
+        missed = store.missed_runs([r.job.id for r in records])
+        echo_json(
+            [
+                {
+                    **job_json(r),
+                    "last_run": _last_run_json(last.get(r.job.id)),
+                    "missed": missed_json(r.job, missed.get(r.job.id, [])),
+                }
+                for r in records
+            ]
+        )
         return
     table = Table("id", "state", "schedule", "target", "next run", "last run")
     for r in records:
@@ -313,12 +360,15 @@ def show(
         fail(str(exc), EXIT_NO_SUCH_JOB)
     data = job_json(rec)
     data["last_run"] = _last_run_json(store.last_runs([job_id]).get(job_id))
+    data["missed"] = missed_json(rec.job, store.missed_runs([job_id]).get(job_id, []))
     if as_json:
         echo_json(data)
         return
     for key, value in data.items():
         typer.echo(f"{key:>14}: {json.dumps(value) if isinstance(value, dict) else value}")
     typer.echo(f"{'retry policy':>14}: {describe_retry(rec.job.retry)}")
+    typer.echo(f"{'catch-up':>14}: {describe_catch_up(rec.job)}")
+    typer.echo(f"{'missed':>14}: {describe_missed(data['missed'])}")
 
 
 def history(

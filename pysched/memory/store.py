@@ -44,6 +44,7 @@ from pysched.protocols import (
     JobNotFound,
     JobPlanState,
     JobRecord,
+    MissedRuns,
     NextRuns,
     PlannedRun,
     Registration,
@@ -69,7 +70,7 @@ WATERMARK_STEP_MS = 5_000
 # far past the watermark instead (see the Cassandra store).
 AHEAD_OF_WATERMARK_MS = NEAR_MS + SETTLE_MS
 _PLACE_ATTEMPTS = 5
-_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+_FINISHED = frozenset({"succeeded", "failed", "cancelled", "missed"})
 # last_runs reads this many of a job's newest rows, as the Cassandra store.
 _LAST_RUNS_READ = 4
 
@@ -158,6 +159,8 @@ class ScheduleTables:
         # The dead-letter table: (job id, run_at, attempt group) -> when the
         # run failed for good.
         self.dead_letters: dict[tuple[str, int, int], int] = {}
+        # The missed-runs table: (job id, first missed time) -> the span.
+        self.missed: dict[tuple[str, int], MissedRuns] = {}
 
     # -- read back by a simulator's checker ------------------------------------
 
@@ -500,6 +503,8 @@ class MemoryScheduleStore:
         stored: list[Run] = []
         for nxt in next_runs.runs:
             self._write_run(nxt.job_id, nxt.partition, nxt.run)
+            if nxt.missed is not None:
+                self.tables.missed.setdefault((nxt.job_id, nxt.missed.first_ms), nxt.missed)
             current = self.tables.jobs.get(nxt.job_id)
             if current is not None:
                 self.tables.jobs[nxt.job_id] = replace_row(current, next_run=nxt.run, updated_at_ms=now_ms)
@@ -523,7 +528,7 @@ class MemoryScheduleStore:
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
         with self._op("run_started"):
             row = self._run_for(record)
-            if row.state == "cancelled":
+            if row.state in ("cancelled", "missed"):
                 return None
             attempt = started_attempt(row.interrupted_attempt if row.state == "interrupted" else None, record.attempt)
             self._put_run(
@@ -550,6 +555,23 @@ class MemoryScheduleStore:
             if row.state == "succeeded":
                 return
             self._put_run(record, replace_row(row, state=state, ended_at_ms=now_ms, error=error, result=result))
+
+    def run_missed(self, record: DispatchRecord, missed: MissedRuns, error: str, now_ms: int) -> None:
+        with self._op("run_missed"):
+            row = self._run_for(record)
+            if row.state not in ("scheduled", "dispatched"):
+                return
+            self._put_run(record, replace_row(row, state="missed", ended_at_ms=now_ms, error=error, result=None))
+            self.tables.missed.setdefault((missed.job_id, missed.first_ms), missed)
+
+    def missed_runs(self, job_ids: Sequence[str]) -> dict[str, list[MissedRuns]]:
+        with self._op("missed_runs"):
+            wanted = set(job_ids)
+            out: dict[str, list[MissedRuns]] = {}
+            for (job_id, _), missed in sorted(self.tables.missed.items()):
+                if job_id in wanted:
+                    out.setdefault(job_id, []).append(missed)
+            return out
 
     def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
         with self._op("run_failed"):

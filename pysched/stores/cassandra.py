@@ -57,6 +57,7 @@ from pysched.protocols import (
     JobNotFound,
     JobPlanState,
     JobRecord,
+    MissedRuns,
     NextRuns,
     PartitionsMismatch,
     PlannedRun,
@@ -97,7 +98,7 @@ REGISTERING_GRACE_MS = 60_000
 # times in all; whether a timed-out one applied is read from the row it left.
 _CAS_ATTEMPTS = 5
 _AMBIGUOUS = (WriteTimeout, OperationTimedOut)
-_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+_FINISHED = frozenset({"succeeded", "failed", "cancelled", "missed"})
 # How often a registration's run is placed ahead of a watermark that keeps
 # passing it while it is written.
 _PLACE_ATTEMPTS = 5
@@ -201,6 +202,10 @@ SCHEMA = [
     # One Cassandra partition per schedule partition: the fenced LWTs of
     # different leaders never contend.
     "CREATE TABLE IF NOT EXISTS {ks}.watermarks (partition int PRIMARY KEY, fired_through_ms bigint, fence bigint)",
+    # The schedule times each job missed (protocols.MissedRuns), a span a
+    # row: written again after a timeout, the same row.
+    "CREATE TABLE IF NOT EXISTS {ks}.missed_runs (job_id text, first_ms bigint, end_ms bigint, reason text,"
+    " PRIMARY KEY ((job_id), first_ms))",
     "CREATE TABLE IF NOT EXISTS {ks}.changes (k int, partition int, n counter, PRIMARY KEY (k, partition))",
     "CREATE TABLE IF NOT EXISTS {ks}.claims (idem_key text PRIMARY KEY, run_id bigint, state text, holder text,"
     " fence bigint, lease_expires_ms bigint, result text, updated_at_ms bigint)",
@@ -445,6 +450,12 @@ class CassandraScheduleStore:
         )
         self._newest_dead_letters = p(
             f"SELECT failed_at_ms, job_id, run_at_ms, attempt_group FROM {ks}.dead_letters WHERE partition = ? LIMIT ?"
+        )
+        self._insert_missed = p(f"INSERT INTO {ks}.missed_runs (job_id, first_ms, end_ms, reason) VALUES (?, ?, ?, ?)")
+        self._missed_of_job = p(f"SELECT job_id, first_ms, end_ms, reason FROM {ks}.missed_runs WHERE job_id = ?")
+        self._run_missed = p(
+            f"UPDATE {ks}.runs SET state = 'missed', ended_at_ms = ?, error = ?, result = null"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._wm_cache: dict[int, int] = {}
 
@@ -807,6 +818,8 @@ class CassandraScheduleStore:
             self._add_run_rows(batch, nxt.job_id, nxt.partition, nxt.run)
             # Not the state: a cancel racing this must stay a cancel.
             batch.add(self._set_next, (nxt.run.run_at_ms, nxt.run.due_ms, now_ms, nxt.job_id))
+            if nxt.missed is not None:
+                batch.add(self._insert_missed, _missed_row(nxt.missed))
             batches.append((batch, None))
             run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
             stored.append(Run(run_id, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0))
@@ -822,7 +835,7 @@ class CassandraScheduleStore:
 
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
         row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
-        if row is not None and row.state == "cancelled":
+        if row is not None and row.state in ("cancelled", "missed"):
             return None
         interrupted = row.interrupted_attempt if row is not None and row.state == "interrupted" else None
         attempt = started_attempt(interrupted, record.attempt)
@@ -855,6 +868,26 @@ class CassandraScheduleStore:
             self._run_finished,
             (state, now_ms, error, result, record.job_id, record.run_at_ms, record.attempt_group),
         )
+
+    def run_missed(self, record: DispatchRecord, missed: MissedRuns, error: str, now_ms: int) -> None:
+        # Read, then plain writes, as run_finished. The span first: a write
+        # that fails between the two is repeated whole by the redelivery.
+        key = (record.job_id, record.run_at_ms, record.attempt_group)
+        row = self.session.execute(self._run_state, key).one()
+        if row is not None and row.state not in (None, "scheduled", "missed"):
+            return
+        self.session.execute(self._insert_missed, _missed_row(missed))
+        self.session.execute(self._run_missed, (now_ms, error, *key))
+
+    def missed_runs(self, job_ids: Sequence[str]) -> dict[str, list[MissedRuns]]:
+        out: dict[str, list[MissedRuns]] = {}
+        args = [(job_id,) for job_id in dict.fromkeys(job_ids)]
+        for ok, rows in execute_concurrent_with_args(self.session, self._missed_of_job, args, concurrency=64):
+            if not ok:
+                raise rows
+            for r in rows:
+                out.setdefault(r.job_id, []).append(MissedRuns(r.job_id, r.first_ms, r.end_ms, r.reason))
+        return out
 
     def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
         # Read, then plain writes, as run_finished: no Paxos round on the run
@@ -1164,3 +1197,7 @@ class CassandraScheduleStore:
         for ok, result in execute_concurrent_with_args(self.session, statement, args, concurrency=64):
             if not ok:
                 raise result
+
+
+def _missed_row(missed: MissedRuns) -> tuple[str, int, int, str]:
+    return (missed.job_id, missed.first_ms, missed.end_ms, missed.reason)

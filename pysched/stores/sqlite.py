@@ -19,6 +19,7 @@ from pysched.protocols import (
     JobNotFound,
     JobPlanState,
     JobRecord,
+    MissedRuns,
     NextRuns,
     PlannedRun,
     Registration,
@@ -55,7 +56,7 @@ _RUN_COLUMNS = (
 )
 # SQLite allows 32766 bound parameters; leave room for the named ones.
 _CHUNK = 10_000
-_FINISHED = "('succeeded', 'failed', 'cancelled')"
+_FINISHED = "('succeeded', 'failed', 'cancelled', 'missed')"
 # The run_at of the newest finished run of the job of ``runs``: never pruned.
 _NEWEST_FINISHED = (
     f"SELECT newest.run_at_ms FROM runs AS newest WHERE newest.job_id = runs.job_id"
@@ -305,6 +306,8 @@ class SQLiteScheduleStore:
                     stored.append(
                         Run(cur.lastrowid, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0)
                     )
+                if nxt.missed is not None:
+                    self._insert_missed(conn, nxt.missed)
             conn.executemany(
                 "UPDATE jobs SET state = 'completed', updated_at_ms = ? WHERE job_id = ? AND state = 'active'",
                 [(now_ms, job_id) for job_id in next_runs.completed],
@@ -330,7 +333,7 @@ class SQLiteScheduleStore:
             row = conn.execute(
                 "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?,"
                 " attempt = max(attempt + (state = 'interrupted'), ?), error = NULL"
-                " WHERE run_id = ? AND state != 'cancelled' RETURNING attempt",
+                " WHERE run_id = ? AND state NOT IN ('cancelled', 'missed') RETURNING attempt",
                 (now_ms, worker, record.attempt, record.run_id),
             ).fetchone()
             return None if row is None else int(row[0])
@@ -352,6 +355,38 @@ class SQLiteScheduleStore:
                 " AND state != 'succeeded'",
                 (state, now_ms, error, result, record.run_id),
             )
+
+    def run_missed(self, record: DispatchRecord, missed: MissedRuns, error: str, now_ms: int) -> None:
+        with self.db.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE runs SET state = 'missed', ended_at_ms = ?, error = ?, result = NULL"
+                " WHERE run_id = ? AND state IN ('scheduled', 'dispatched')",
+                (now_ms, error, record.run_id),
+            )
+            if cur.rowcount:
+                self._insert_missed(conn, missed)
+
+    @staticmethod
+    def _insert_missed(conn: sqlite3.Connection, missed: MissedRuns) -> None:
+        conn.execute(
+            "INSERT OR IGNORE INTO missed_runs (job_id, first_ms, end_ms, reason) VALUES (?, ?, ?, ?)",
+            (missed.job_id, missed.first_ms, missed.end_ms, missed.reason),
+        )
+
+    def missed_runs(self, job_ids: Sequence[str]) -> dict[str, list[MissedRuns]]:
+        out: dict[str, list[MissedRuns]] = {}
+        conn = self.db.connection()
+        wanted = list(dict.fromkeys(job_ids))
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            rows = conn.execute(
+                "SELECT job_id, first_ms, end_ms, reason FROM missed_runs"
+                f" WHERE job_id IN ({','.join('?' * len(chunk))}) ORDER BY job_id, first_ms",
+                chunk,
+            ).fetchall()
+            for job_id, first_ms, end_ms, reason in rows:
+                out.setdefault(job_id, []).append(MissedRuns(job_id, int(first_ms), int(end_ms), reason))
+        return out
 
     def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
         with self.db.transaction() as conn:

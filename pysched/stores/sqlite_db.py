@@ -62,6 +62,13 @@ CREATE TABLE IF NOT EXISTS runs (
     UNIQUE (job_id, run_at_ms, attempt_group)
 );
 CREATE INDEX IF NOT EXISTS runs_by_state_due ON runs (state, due_ms);
+CREATE TABLE IF NOT EXISTS missed_runs (
+    job_id TEXT NOT NULL,
+    first_ms INTEGER NOT NULL,
+    end_ms INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (job_id, first_ms)
+);
 CREATE TABLE IF NOT EXISTS run_failures (
     run_id INTEGER NOT NULL,
     attempt INTEGER NOT NULL,

@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
+from pysched.catchup import late_reason
 from pysched.clock import Clock
 from pysched.model import Job
 from pysched.protocols import (
@@ -43,6 +44,7 @@ from pysched.protocols import (
     FailedAttempt,
     IdempotencyClaims,
     JobNotFound,
+    MissedRuns,
     RunNotFound,
     ScheduleStore,
 )
@@ -172,7 +174,7 @@ class Executor:
             if outcomes[i] not in _RUN:
                 continue
             execution = executions[i]
-            ended = self._run(execution)
+            ended = self._run(execution, first_claim=outcomes[i] is ClaimOutcome.CLAIMED)
             with self._lock:
                 if execution.interrupted:
                     # Recorded interrupted, and perhaps already delivered
@@ -257,10 +259,12 @@ class Executor:
                 "; handed back to its leader" if handed_back else "",
             )
 
-    def _run(self, execution: Execution) -> Ended | None:
+    def _run(self, execution: Execution, first_claim: bool) -> Ended | None:
         """Run the target, unless the run was cancelled or replaced after it
-        was handed on; what is to be recorded. None: interrupted before its
-        target started."""
+        was handed on, or came too late for its job's catch-up policy; what
+        is to be recorded. None: interrupted before its target started.
+        Lateness is judged on the run's first claim alone: a retry, or a run
+        taken over from a dead worker, is owed whenever it comes."""
         record = execution.record
         try:
             job_record = self.store.get_job(record.job_id)
@@ -274,6 +278,15 @@ class Executor:
             return Ended("failed", error, None, self.clock.now_ms(), kind="invalid")
         if job_record is None or job_record.state == "cancelled":
             return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
+        now_ms = self.clock.now_ms()
+        late = late_reason(job_record.job, record.due_ms, now_ms) if first_claim else None
+        if late is not None:
+            job = job_record.job
+            error = (
+                f"missed: handed on {(now_ms - record.due_ms) / 1000:.1f} s after its due time, past its"
+                f" max delay of {job.max_delay_ms / 1000:g} s (catch-up {job.catch_up})"
+            )
+            return Ended("missed", error, None, now_ms, kind=late)
         execution.start_asked = True
         execution.job = job_record.job
         execution.started_at_ms = self.clock.now_ms()
@@ -349,18 +362,26 @@ class Executor:
         running claim whose lease ran out, and the run was run again."""
         ended = [(e, e.ended) for e in executions if e.ended is not None]
         for execution, end in ended:
-            succeeded = end.state != "failed"
+            # A missed run's claim is not a success: its redelivery would
+            # record it succeeded. Taken over, it finds the run missed.
+            succeeded = end.state not in ("failed", "missed")
             self.claims.complete(execution.record.idempotency_key, execution.holder, succeeded, end.result, end.at_ms)
         retry_at: dict[str, int | None] = {}
         for execution, end in ended:
+            record = execution.record
             if end.state == "failed":
                 retry_at[execution.holder] = self._record_failure(execution, end)
+            elif end.state == "missed":
+                missed = MissedRuns(record.job_id, record.run_at_ms, record.run_at_ms + 1, end.kind or "skipped")
+                self.store.run_missed(record, missed, end.error or "missed", end.at_ms)
             elif end.state is not None:
                 self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
         for execution, end in ended:
-            self.count(end.state if end.state in ("succeeded", "failed") else "cancelled")
+            self.count(end.state if end.state in ("succeeded", "failed", "missed") else "cancelled")
             job_id = execution.record.job_id
-            if end.state == "succeeded":
+            if end.state == "missed":
+                log.info("missed %s run_at=%d: %s", job_id, execution.record.run_at_ms, end.error)
+            elif end.state == "succeeded":
                 log.info("ran %s: succeeded%s", job_id, f": {end.result}" if end.result else "")
             elif end.state == "failed" and (retry_ms := retry_at.get(execution.holder)) is not None:
                 self.count("retried")
