@@ -12,6 +12,7 @@
     history_days = 7                # finished runs older than this are pruned (0: never)
     history_keep = 1000             # and those beyond a job's newest 1000 (0: no limit)
     grace_s = 30                    # after a stop, running jobs' time to finish (--grace wins)
+    catch_up_rate = 500             # overdue runs a leader hands on a second (--catch-up-rate wins)
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
 
@@ -37,6 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 # The longest grace period after a stop: a day is longer than any stop
 # should wait (--grace and grace_s alike).
 MAX_GRACE_S = 86_400
+# Runs found long overdue that a leader hands on a second (LeaderConfig).
+DEFAULT_CATCH_UP_RATE = 500
+MAX_CATCH_UP_RATE = 100_000
 
 
 class ConfigError(ValueError):
@@ -68,6 +72,12 @@ class ClusterConfig(BaseModel):
         le=MAX_GRACE_S,
         allow_inf_nan=False,
         description="seconds running jobs may take to finish after a stop signal, then they are interrupted",
+    )
+    catch_up_rate: int = Field(
+        default=DEFAULT_CATCH_UP_RATE,
+        ge=1,
+        le=MAX_CATCH_UP_RATE,
+        description="runs found long overdue that a leader hands on a second, after those due now",
     )
 
 

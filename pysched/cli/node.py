@@ -26,9 +26,9 @@ from pysched.cli.common import (
     iso,
 )
 from pysched.cli.signals import StopSignals
-from pysched.config import MAX_GRACE_S
+from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_CATCH_UP_RATE, MAX_GRACE_S
 from pysched.demo import register_demo_jobs
-from pysched.leader import RunDispatched
+from pysched.leader import LeaderConfig, RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
 from pysched.protocols import PartitionsMismatch
 from pysched.stores.sqlite_db import Access, DatabaseUnusable
@@ -86,7 +86,15 @@ def _open(db: str, config: str | None, coordinator: bool = True, access: Access 
         fail(str(exc))
 
 
-def _serve(backends: Backends, workers: int, grace_s: float, quiet: bool, lead: bool, where: str) -> None:
+def _serve(
+    backends: Backends,
+    workers: int,
+    grace_s: float,
+    quiet: bool,
+    lead: bool,
+    where: str,
+    leader_config: LeaderConfig | None = None,
+) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
     # an error on a write, not the end of the node.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -98,7 +106,7 @@ def _serve(backends: Backends, workers: int, grace_s: float, quiet: bool, lead: 
     # Python targets named module:function resolve against the working directory.
     sys.path.insert(0, str(Path.cwd()))
     config = WorkerConfig(concurrency=workers, grace_s=grace_s)
-    node = Node(backends, worker_config=config, on_dispatch=None if quiet else _log_fire)
+    node = Node(backends, leader_config=leader_config, worker_config=config, on_dispatch=None if quiet else _log_fire)
     signals = StopSignals()
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
     try:
@@ -173,6 +181,16 @@ def up(
         ),
     ] = None,
     grace: GraceOption = None,
+    catch_up_rate: Annotated[
+        int | None,
+        typer.Option(
+            "--catch-up-rate",
+            min=1,
+            max=MAX_CATCH_UP_RATE,
+            help=f"Runs found long overdue handed on a second, after those due now (default {DEFAULT_CATCH_UP_RATE};"
+            " with --config, catch_up_rate in the file).",
+        ),
+    ] = None,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
@@ -199,7 +217,10 @@ def up(
     )
     if demo:
         register_demo_jobs(backends.store, CLOCK.now_ms())
-    _serve(backends, workers, grace_s, quiet, lead=True, where=config or db)
+    if catch_up_rate is None:
+        catch_up_rate = cluster_config(config).catch_up_rate if config is not None else DEFAULT_CATCH_UP_RATE
+    leading = LeaderConfig(catch_up_rate=catch_up_rate)
+    _serve(backends, workers, grace_s, quiet, lead=True, where=config or db, leader_config=leading)
 
 
 def worker(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pysched.config import DEFAULT_CATCH_UP_RATE
 from pysched.protocols import NEAR_MS
 
 
@@ -19,10 +20,17 @@ class LeaderConfig:
     watermark_every_ms: int = 5_000
     standby_poll_ms: int = 500
     retry_backoff_ms: tuple[int, ...] = (100, 200, 500, 1_000, 2_000, 5_000)
+    # A run more than this overdue when its time comes round (the leader
+    # was down, its partition moved) goes through the catch-up lane: handed
+    # on after the runs due now, at most catch_up_rate a second.
+    catch_up_after_ms: int = 60_000
+    catch_up_rate: int = DEFAULT_CATCH_UP_RATE
 
     def __post_init__(self) -> None:
         # Registrations due later than NEAR_MS send no change notice: the
         # periodic reload must come round before they are due.
+        if self.catch_up_rate < 1:
+            raise ValueError(f"catch_up_rate must be at least 1 run a second; got {self.catch_up_rate}")
         if self.reload_every_ms >= NEAR_MS or self.horizon_ms < NEAR_MS:
             raise ValueError(
                 f"reload_every_ms must be under {NEAR_MS} and horizon_ms at least {NEAR_MS}:"

@@ -12,6 +12,7 @@ from pysched.leader.cache import RunCache
 from pysched.leader.config import LeaderConfig, RunDispatched
 from pysched.leader.firing import Publisher
 from pysched.leader.guard import ranges
+from pysched.leader.lane import CatchUpLane
 from pysched.leader.leases import LeaseKeeper
 from pysched.leader.loading import Loader
 from pysched.leader.recording import Recorder, SentBatch
@@ -51,6 +52,7 @@ class PartitionLeader:
         self.fences: dict[int, int] = {}  # what the tick acts on
         self.leases = LeaseKeeper(coordinator, holder)
         self.cache = RunCache(clock.now_ms())
+        self.lane = CatchUpLane(cfg.catch_up_rate)
         self.loader = Loader(store, cfg, lambda: self.fences, lambda: self.cache.generation)
         self.publisher = Publisher(dispatcher, cfg)
         self.recorder = Recorder(store, cfg, on_dispatch)
@@ -71,6 +73,12 @@ class PartitionLeader:
         self._take_loaded()
         self._take_planned(now)
         rows = self.cache.take_due(now, self.fences, self.cache.has_overdue and self.publisher.retry_due(now))
+        late_before = now - self.config.catch_up_after_ms
+        if rows:
+            self.lane.add([row for row in rows if row.due_ms < late_before])
+            rows = [row for row in rows if row.due_ms >= late_before]
+        if self.lane and self.publisher.retry_due(now):
+            rows += self.lane.take(now)
         if rows:
             self._fire(rows, now)
         if now >= self._next_watermark and self._mark_quiet(now):
@@ -84,6 +92,7 @@ class PartitionLeader:
         if lost:
             log.warning("no longer leading partitions %s", ranges(lost))
             self.cache.forget(set(lost))
+            self.lane.forget(set(lost))
         if gained:
             self._standby_logged = False
             fences = sorted(set(gained.values()))
@@ -110,7 +119,12 @@ class PartitionLeader:
             self.cache.put_back(rows)  # nothing moved past them
             return
         self.cache.sent(rows)
-        self.recorder.submit(SentBatch(rows, fences, self.cache.marks(fences, now), now))
+        self.recorder.submit(SentBatch(rows, fences, self._marks(fences, now), now))
+
+    def _marks(self, fences: dict[int, int], now: int) -> dict[int, int]:
+        """The cache's marks, but none for a partition with runs waiting in
+        the catch-up lane: unsent, they must stay ahead of its watermark."""
+        return {p: mark for p, mark in self.cache.marks(fences, now).items() if not self.lane.holds(p)}
 
     def _mark_quiet(self, now: int) -> bool:
         """Tell the store nothing of the partitions read is left unsent up
@@ -119,7 +133,7 @@ class PartitionLeader:
         if self.recorder.busy or self.cache.has_overdue or not self.fences:
             return False
         fences = dict(self.fences)
-        self.recorder.submit(SentBatch([], fences, self.cache.marks(fences, now), now))
+        self.recorder.submit(SentBatch([], fences, self._marks(fences, now), now))
         return True
 
     # -- stopping -------------------------------------------------------------
