@@ -12,8 +12,11 @@
     history_days = 7                # finished runs older than this are pruned (0: never)
     history_keep = 1000             # and those beyond a job's newest 1000 (0: no limit)
     grace_s = 30                    # after a stop, running jobs' time to finish (--grace wins)
+    temporal_address = "127.0.0.1:7233"  # the Temporal server of --temporal targets
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
+PYSCHED_TEMPORAL_ADDRESS is also what the embedded engine's workers read,
+which have no file.
 
 ``partitions`` belongs to the keyspace, not to this file: the count is
 written once, when the keyspace is created (with the count named here, or
@@ -68,6 +71,11 @@ class ClusterConfig(BaseModel):
         le=MAX_GRACE_S,
         allow_inf_nan=False,
         description="seconds running jobs may take to finish after a stop signal, then they are interrupted",
+    )
+    temporal_address: str = Field(
+        default="127.0.0.1:7233",
+        pattern=r"^[^\s:]+:\d{1,5}$",
+        description="host:port of the Temporal frontend that --temporal targets start workflows on",
     )
 
 
