@@ -74,7 +74,7 @@ class ClusterConfig(BaseModel):
     )
     temporal_address: str = Field(
         default="127.0.0.1:7233",
-        pattern=r"^[^\s:]+:\d{1,5}$",
+        pattern=r"^\S+:\d{1,5}$",
         description="host:port of the Temporal frontend that --temporal targets start workflows on",
     )
 
