@@ -13,8 +13,11 @@
     history_keep = 1000             # and those beyond a job's newest 1000 (0: no limit)
     grace_s = 30                    # after a stop, running jobs' time to finish (--grace wins)
     catch_up_rate = 500             # overdue runs a leader hands on a second (--catch-up-rate wins)
+    temporal_address = "127.0.0.1:7233"  # the Temporal server of --temporal targets
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
+PYSCHED_TEMPORAL_ADDRESS is also what the embedded engine's workers read,
+which have no file.
 
 ``partitions`` belongs to the keyspace, not to this file: the count is
 written once, when the keyspace is created (with the count named here, or
@@ -78,6 +81,11 @@ class ClusterConfig(BaseModel):
         ge=1,
         le=MAX_CATCH_UP_RATE,
         description="runs found long overdue that a leader hands on a second, after those due now",
+    )
+    temporal_address: str = Field(
+        default="127.0.0.1:7233",
+        pattern=r"^\S+:\d{1,5}$",
+        description="host:port of the Temporal frontend that --temporal targets start workflows on",
     )
 
 

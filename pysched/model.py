@@ -11,7 +11,16 @@ import re
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pysched import cron
 
@@ -94,7 +103,22 @@ class HttpTarget(_Strict):
         return url
 
 
-Target = Annotated[ShellTarget | PythonTarget | HttpTarget, Field(discriminator="kind")]
+class TemporalTarget(_Strict):
+    """A Temporal workflow, started with the run's idempotency key as its
+    workflow id, on the server of the worker's configuration (the cluster
+    file's ``temporal_address``, or PYSCHED_TEMPORAL_ADDRESS)."""
+
+    kind: Literal["temporal"] = "temporal"
+    workflow: str = Field(min_length=1, max_length=1000, pattern=r"^\S(.*\S)?$", description="workflow type name")
+    task_queue: str = Field(min_length=1, max_length=1000, pattern=r"^\S(.*\S)?$")
+    # The workflow's positional arguments; none when not given.
+    args: tuple[JsonValue, ...] = ()
+    namespace: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+    # Also the workflow's execution timeout: the server stops it then.
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+Target = Annotated[ShellTarget | PythonTarget | HttpTarget | TemporalTarget, Field(discriminator="kind")]
 
 # What a failed attempt can be retried for: a timeout, a connection that
 # failed, an HTTP 5xx (or 408, 429), an exception (a Python target's, by its

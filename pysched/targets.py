@@ -1,8 +1,9 @@
-"""Running a job's target: a Python callable, a shell command, an HTTP call.
+"""Running a job's target: a Python callable, a shell command, an HTTP call,
+a Temporal workflow.
 
 Each receives the run's identity, and its idempotency key is handed to
 downstream systems (an ``Idempotency-Key`` header, a ``PYSCHED_IDEMPOTENCY_KEY``
-environment variable, ``ctx.idempotency_key``) so that a repeated delivery can
+environment variable, ``ctx.idempotency_key``, a workflow id) so that a repeated delivery can
 be recognised there too.
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pysched.model import HttpTarget, Job, PythonTarget, ShellTarget
+from pysched.model import HttpTarget, Job, PythonTarget, ShellTarget, TemporalTarget
 from pysched.records import DispatchRecord
 from pysched.shell import run_command
 
@@ -65,16 +66,23 @@ def context_for(job: Job, record: DispatchRecord) -> RunContext:
     )
 
 
-def run_target(job: Job, ctx: RunContext, stopping: threading.Event | None = None) -> Outcome:
+def run_target(
+    job: Job, ctx: RunContext, stopping: threading.Event | None = None, temporal_address: str | None = None
+) -> Outcome:
     """Run the job's target for ``ctx``. ``stopping``: the event under which
-    a node stops the shell commands of its runs (shell.stop_commands); a
-    Python or HTTP target runs in the caller's thread, which nothing stops."""
+    a node stops the shell commands of its runs (shell.stop_commands) and
+    stops waiting on their workflows; a Python or HTTP target runs in the
+    caller's thread, which nothing stops. ``temporal_address``: the
+    Temporal server's host:port (None: PYSCHED_TEMPORAL_ADDRESS, else
+    127.0.0.1:7233)."""
     target = job.target
     try:
         if isinstance(target, ShellTarget):
             return _run_shell(target, ctx, stopping)
         if isinstance(target, PythonTarget):
             return _run_python(target, ctx)
+        if isinstance(target, TemporalTarget):
+            return _run_temporal(target, ctx, stopping, temporal_address)
         return _run_http(target, ctx)
     except _Unimportable as exc:
         return Outcome(False, error=str(exc)[:_OUTPUT_LIMIT], kind="import")
@@ -204,3 +212,16 @@ def _run_http(target: HttpTarget, ctx: RunContext) -> Outcome:
         # again.
         transient = exc.code >= 500 or exc.code in (408, 429)
         return Outcome(False, error=f"HTTP {exc.code} {exc.reason}", kind="5xx" if transient else "4xx")
+
+
+def _run_temporal(
+    target: TemporalTarget, ctx: RunContext, stopping: threading.Event | None, address: str | None
+) -> Outcome:
+    try:
+        # Here, not at the top: only a worker that runs a workflow loads the SDK.
+        from pysched import temporal_target
+    except ImportError as exc:
+        raise _Unimportable(f"a Temporal target needs pysched[temporal] installed: {_describe(exc)}") from None
+    return temporal_target.run_workflow(
+        target, ctx.idempotency_key, address or temporal_target.address_from_env(), stopping
+    )

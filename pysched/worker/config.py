@@ -27,6 +27,9 @@ class WorkerConfig:
     # How long an interrupted shell command has to end after SIGTERM before
     # SIGKILL: short, since the grace period came before it.
     kill_after_s: float = 2.0
+    # The Temporal server of --temporal targets, host:port; None: the
+    # PYSCHED_TEMPORAL_ADDRESS environment variable, else 127.0.0.1:7233.
+    temporal_address: str | None = None
 
     def retry_cap_ms(self, failures: int) -> int:
         """The longest backoff before the retry that follows ``failures``

@@ -302,7 +302,12 @@ class Executor:
             self._interrupted_before_start(execution, by_interrupt)
             return None
         job = job_record.job
-        outcome = run_target(job, context_for(job, record._replace(attempt=execution.attempt)), self.interrupting)
+        outcome = run_target(
+            job,
+            context_for(job, record._replace(attempt=execution.attempt)),
+            self.interrupting,
+            self.config.temporal_address,
+        )
         return Ended(
             "succeeded" if outcome.succeeded else "failed",
             outcome.error,

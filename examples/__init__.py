@@ -1,0 +1,1 @@
+"""Examples to run beside pysched (`python -m examples.temporal_worker`)."""
