@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pysched.breakers import BreakerPolicy
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class WorkerConfig:
     # How long an interrupted shell command has to end after SIGTERM before
     # SIGKILL: short, since the grace period came before it.
     kill_after_s: float = 2.0
+    # The downstreams' circuit breakers and retry budget (breakers.py).
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
 
     def retry_cap_ms(self, failures: int) -> int:
         """The longest backoff before the retry that follows ``failures``
