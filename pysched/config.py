@@ -12,6 +12,8 @@
     history_days = 7                # finished runs older than this are pruned (0: never)
     history_keep = 1000             # and those beyond a job's newest 1000 (0: no limit)
     grace_s = 30                    # after a stop, running jobs' time to finish (--grace wins)
+    breaker_failures = 5            # a downstream's failures in a row that open its breaker
+    breaker_open_s = 30             # how long it stays open before one probe
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
 
@@ -68,6 +70,16 @@ class ClusterConfig(BaseModel):
         le=MAX_GRACE_S,
         allow_inf_nan=False,
         description="seconds running jobs may take to finish after a stop signal, then they are interrupted",
+    )
+    # Per downstream, cluster-wide: give every node the same values.
+    breaker_failures: int = Field(
+        default=5,
+        ge=1,
+        le=1_000,
+        description="failures in a row (timeout, connect, 5xx, exception) that open a breaker",
+    )
+    breaker_open_s: float = Field(
+        default=30.0, gt=0, le=86_400, allow_inf_nan=False, description="seconds a breaker stays open before a probe"
     )
 
 

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from pysched.breakers import BreakerPolicy
 from pysched.cli.common import (
     CLOCK,
     DEFAULT_DB,
@@ -64,6 +65,42 @@ GraceOption = Annotated[
 ]
 
 
+BreakerFailuresOption = Annotated[
+    int | None,
+    typer.Option(
+        "--breaker-failures",
+        min=1,
+        max=1_000,
+        help="A downstream's failures in a row (timeout, connect, 5xx, exception) that open its circuit breaker"
+        " (default 5; with --config, breaker_failures in the file).",
+    ),
+]
+BreakerOpenOption = Annotated[
+    float | None,
+    typer.Option(
+        "--breaker-open",
+        help="Seconds an open breaker parks its downstream's runs before one probe"
+        " (default 30; with --config, breaker_open_s in the file).",
+    ),
+]
+
+
+def _breaker(failures: int | None, open_s: float | None, config: str | None) -> BreakerPolicy:
+    """The breakers' policy: the options, else the cluster config's, else the defaults."""
+    if config is not None:
+        cluster = cluster_config(config)
+        failures = cluster.breaker_failures if failures is None else failures
+        open_s = cluster.breaker_open_s if open_s is None else open_s
+    default = BreakerPolicy()
+    if open_s is not None and not (math.isfinite(open_s) and 0 < open_s <= MAX_GRACE_S):
+        fail(f"--breaker-open: seconds, a number above 0 and up to {MAX_GRACE_S:,}; got {open_s}")
+    return replace(
+        default,
+        failure_threshold=default.failure_threshold if failures is None else failures,
+        open_ms=default.open_ms if open_s is None else round(open_s * 1000),
+    )
+
+
 def _grace(grace: float | None, config: str | None) -> float:
     """The grace period: --grace, else the cluster config's, else 30 s."""
     if grace is None:
@@ -86,7 +123,9 @@ def _open(db: str, config: str | None, coordinator: bool = True, access: Access 
         fail(str(exc))
 
 
-def _serve(backends: Backends, workers: int, grace_s: float, quiet: bool, lead: bool, where: str) -> None:
+def _serve(
+    backends: Backends, workers: int, grace_s: float, quiet: bool, lead: bool, where: str, breaker: BreakerPolicy
+) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
     # an error on a write, not the end of the node.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -97,7 +136,7 @@ def _serve(backends: Backends, workers: int, grace_s: float, quiet: bool, lead: 
     )
     # Python targets named module:function resolve against the working directory.
     sys.path.insert(0, str(Path.cwd()))
-    config = WorkerConfig(concurrency=workers, grace_s=grace_s)
+    config = WorkerConfig(concurrency=workers, grace_s=grace_s, breaker=breaker)
     node = Node(backends, worker_config=config, on_dispatch=None if quiet else _log_fire)
     signals = StopSignals()
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
@@ -173,6 +212,8 @@ def up(
         ),
     ] = None,
     grace: GraceOption = None,
+    breaker_failures: BreakerFailuresOption = None,
+    breaker_open: BreakerOpenOption = None,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
@@ -191,6 +232,7 @@ def up(
         # process: with no worker here, nothing would ever run them.
         fail("--workers: 0 only makes sense with --config and separate `pysched worker` processes")
     grace_s = _grace(grace, config)
+    breaker = _breaker(breaker_failures, breaker_open, config)
     backends = _open(db, config)
     backends.retention = replace(
         backends.retention,
@@ -199,7 +241,7 @@ def up(
     )
     if demo:
         register_demo_jobs(backends.store, CLOCK.now_ms())
-    _serve(backends, workers, grace_s, quiet, lead=True, where=config or db)
+    _serve(backends, workers, grace_s, quiet, lead=True, where=config or db, breaker=breaker)
 
 
 def worker(
@@ -207,6 +249,8 @@ def worker(
     workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Worker threads.")] = 4,
     quiet: QuietOption = False,
     grace: GraceOption = None,
+    breaker_failures: BreakerFailuresOption = None,
+    breaker_open: BreakerOpenOption = None,
 ) -> None:
     """Run executors only, consuming the cluster's dispatch topic.
 
@@ -215,7 +259,9 @@ def worker(
     interrupted, recorded interrupted, and delivered again as their next
     attempt."""
     grace_s = _grace(grace, config)
-    _serve(_open(DEFAULT_DB, config, coordinator=False), workers, grace_s, quiet, lead=False, where=config)
+    breaker = _breaker(breaker_failures, breaker_open, config)
+    backends = _open(DEFAULT_DB, config, coordinator=False)
+    _serve(backends, workers, grace_s, quiet, lead=False, where=config, breaker=breaker)
 
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
