@@ -14,6 +14,8 @@
     grace_s = 30                    # after a stop, running jobs' time to finish (--grace wins)
     catch_up_rate = 500             # overdue runs a leader hands on a second (--catch-up-rate wins)
     temporal_address = "127.0.0.1:7233"  # the Temporal server of --temporal targets
+    breaker_failures = 5            # a downstream's failures in a row that open its breaker
+    breaker_open_s = 30             # how long it stays open before one probe
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
 PYSCHED_TEMPORAL_ADDRESS is also what the embedded engine's workers read,
@@ -86,6 +88,16 @@ class ClusterConfig(BaseModel):
         default="127.0.0.1:7233",
         pattern=r"^\S+:\d{1,5}$",
         description="host:port of the Temporal frontend that --temporal targets start workflows on",
+    )
+    # Per downstream, cluster-wide: give every node the same values.
+    breaker_failures: int = Field(
+        default=5,
+        ge=1,
+        le=1_000,
+        description="failures in a row (timeout, connect, 5xx, exception) that open a breaker",
+    )
+    breaker_open_s: float = Field(
+        default=30.0, gt=0, le=86_400, allow_inf_nan=False, description="seconds a breaker stays open before a probe"
     )
 
 

@@ -147,7 +147,7 @@ def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
     ``state`` and ``worker``: not when it started elsewhere, finished or was
     cancelled; still when it was interrupted, or when the only start is the
     rejected worker's own."""
-    if state in ("scheduled", "interrupted", "retrying"):
+    if state in ("scheduled", "interrupted", "retrying", "parked"):
         return True
     return state == "running" and started_by is not None and worker == started_by
 
@@ -223,7 +223,9 @@ class RunRecord:
     # scheduled | dispatched | running | succeeded | failed | cancelled, or
     # interrupted: stopped with its node, to run again as a new attempt, or
     # retrying: failed, and owed again as the next attempt at ``due_ms``, or
-    # missed: handed on too late for its job's catch-up policy, never run.
+    # missed: handed on too late for its job's catch-up policy, never run, or
+    # parked: not started, its downstream's circuit breaker being open, and
+    # owed again at ``due_ms`` (when the breaker lets runs through again).
     state: str
     attempt: int
     fence: int | None
@@ -248,6 +250,39 @@ class RunRecord:
     ) -> RunRecord:
         """A run not yet handed on: no dispatch, start or end yet."""
         return cls(run_id, job_id, run_at_ms, due_ms, state, attempt, fence, None, None, None, None, None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerRow:
+    """A downstream's circuit breaker as the store keeps it: one row per
+    downstream, the authority every worker and node reads and changes by
+    conditional writes (on ``version``). Half-open is not stored: it is
+    ``open`` once ``reopens_at_ms`` has passed (breakers.breaker_state)."""
+
+    downstream: str
+    # Bumped by every write; 0 for a breaker never written (closed).
+    version: int = 0
+    state: str = "closed"  # closed | open
+    # Failures in a row of the kinds that count (breakers.BREAKER_KINDS).
+    failures: int = 0
+    opened_at_ms: int | None = None
+    reopens_at_ms: int | None = None
+    # While half-open: until when the run let through as the probe holds
+    # the probe; past it, the probe is taken for lost and another may go.
+    probe_until_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptCount:
+    """One node's calls to a downstream and the retries it granted for it,
+    in one bucket of time (breakers.BUCKET_MS): what the retry budget sums
+    over its sliding window."""
+
+    downstream: str
+    holder: str
+    bucket_ms: int  # the bucket's start
+    calls: int
+    retries: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,6 +524,44 @@ class ScheduleStore(Protocol):
         """Make a dead letter owed again, at once, as the next attempt of the
         same idempotency key (its failed attempts are kept; its retries
         are counted again from the redrive). False when the run is not a dead letter."""
+        ...
+
+    def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
+        """Record that the run was not started because its downstream's
+        circuit breaker is open: state ``parked``, ``reason`` as its error,
+        owed again at ``due_ms`` as the next delivery of the same
+        idempotency key, fired through the wheel like a retry. No failed
+        attempt is recorded and the run's retries are untouched. A run that
+        succeeded, was cancelled or started meanwhile keeps its state; a
+        run whose job was cancelled ends cancelled."""
+        ...
+
+    def breaker(self, downstream: str) -> BreakerRow:
+        """The downstream's breaker; a closed one of version 0 if none was
+        ever written."""
+        ...
+
+    def breakers(self) -> list[BreakerRow]:
+        """Every breaker written, by downstream."""
+        ...
+
+    def swap_breaker(self, expected_version: int, row: BreakerRow) -> bool:
+        """Write ``row`` (its version ``expected_version + 1``) only if the
+        stored breaker is still at ``expected_version`` (0: none stored): a
+        conditional write, so that of two workers seeing the same breaker
+        one transition wins (one half-open probe). False when another write
+        came first; the caller reads again."""
+        ...
+
+    def record_attempts(self, count: AttemptCount) -> None:
+        """Set one node's totals for one bucket (a write repeated, or
+        overtaken by a larger total, is harmless: each node writes only its
+        own rows). Rows older than the budget's window may be dropped."""
+        ...
+
+    def attempt_counts(self, downstream: str, since_ms: int) -> list[AttemptCount]:
+        """Every node's rows for ``downstream`` of the buckets starting at
+        or after ``since_ms``."""
         ...
 
     def watermarks(self) -> dict[int, int]:

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from pysched.cli import deadletters, jobs, node, preview
+from pysched.cli import breakers, deadletters, jobs, node, preview
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -20,6 +20,7 @@ jobs.register_commands(app)
 node.register_commands(app)
 preview.register_commands(app)
 deadletters.register_commands(app)
+breakers.register_commands(app)
 
 
 def main() -> None:

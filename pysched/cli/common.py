@@ -210,9 +210,9 @@ def missed_json(job: Job, missed: Sequence[MissedRuns]) -> dict[str, int]:
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:
-    if run.state == "retrying":
-        # Its due time is the retry's; the times beside it are the failed
-        # attempt's, whose lags against it would mean nothing.
+    if run.state in ("retrying", "parked"):
+        # Its due time is the retry's (or the end of its parking); the times
+        # beside it are an earlier attempt's, whose lags would mean nothing.
         run = replace(run, dispatched_at_ms=None, started_at_ms=None)
     return {
         "run_id": run.run_id,

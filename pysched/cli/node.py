@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from pysched.breakers import BreakerPolicy
 from pysched.cli.common import (
     CLOCK,
     DEFAULT_DB,
@@ -64,6 +65,42 @@ GraceOption = Annotated[
 ]
 
 
+BreakerFailuresOption = Annotated[
+    int | None,
+    typer.Option(
+        "--breaker-failures",
+        min=1,
+        max=1_000,
+        help="A downstream's failures in a row (timeout, connect, 5xx, exception) that open its circuit breaker"
+        " (default 5; with --config, breaker_failures in the file).",
+    ),
+]
+BreakerOpenOption = Annotated[
+    float | None,
+    typer.Option(
+        "--breaker-open",
+        help="Seconds an open breaker parks its downstream's runs before one probe"
+        " (default 30; with --config, breaker_open_s in the file).",
+    ),
+]
+
+
+def _breaker(failures: int | None, open_s: float | None, config: str | None) -> BreakerPolicy:
+    """The breakers' policy: the options, else the cluster config's, else the defaults."""
+    if config is not None:
+        cluster = cluster_config(config)
+        failures = cluster.breaker_failures if failures is None else failures
+        open_s = cluster.breaker_open_s if open_s is None else open_s
+    default = BreakerPolicy()
+    if open_s is not None and not (math.isfinite(open_s) and 0 < open_s <= MAX_GRACE_S):
+        fail(f"--breaker-open: seconds, a number above 0 and up to {MAX_GRACE_S:,}; got {open_s}")
+    return replace(
+        default,
+        failure_threshold=default.failure_threshold if failures is None else failures,
+        open_ms=default.open_ms if open_s is None else round(open_s * 1000),
+    )
+
+
 def _grace(grace: float | None, config: str | None) -> float:
     """The grace period: --grace, else the cluster config's, else 30 s."""
     if grace is None:
@@ -102,6 +139,7 @@ def _serve(
     where: str,
     leader_config: LeaderConfig | None = None,
     temporal_address: str | None = None,
+    breaker: BreakerPolicy | None = None,
 ) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
     # an error on a write, not the end of the node.
@@ -113,7 +151,12 @@ def _serve(
     )
     # Python targets named module:function resolve against the working directory.
     sys.path.insert(0, str(Path.cwd()))
-    config = WorkerConfig(concurrency=workers, grace_s=grace_s, temporal_address=temporal_address)
+    config = WorkerConfig(
+        concurrency=workers,
+        grace_s=grace_s,
+        temporal_address=temporal_address,
+        breaker=breaker or BreakerPolicy(),
+    )
     node = Node(backends, leader_config=leader_config, worker_config=config, on_dispatch=None if quiet else _log_fire)
     signals = StopSignals()
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
@@ -199,6 +242,8 @@ def up(
             " with --config, catch_up_rate in the file).",
         ),
     ] = None,
+    breaker_failures: BreakerFailuresOption = None,
+    breaker_open: BreakerOpenOption = None,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
@@ -217,6 +262,7 @@ def up(
         # process: with no worker here, nothing would ever run them.
         fail("--workers: 0 only makes sense with --config and separate `pysched worker` processes")
     grace_s = _grace(grace, config)
+    breaker = _breaker(breaker_failures, breaker_open, config)
     backends = _open(db, config)
     backends.retention = replace(
         backends.retention,
@@ -237,6 +283,7 @@ def up(
         where=config or db,
         leader_config=leading,
         temporal_address=_temporal_address(config),
+        breaker=breaker,
     )
 
 
@@ -245,6 +292,8 @@ def worker(
     workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Worker threads.")] = 4,
     quiet: QuietOption = False,
     grace: GraceOption = None,
+    breaker_failures: BreakerFailuresOption = None,
+    breaker_open: BreakerOpenOption = None,
 ) -> None:
     """Run executors only, consuming the cluster's dispatch topic.
 
@@ -253,8 +302,18 @@ def worker(
     interrupted, recorded interrupted, and delivered again as their next
     attempt."""
     grace_s = _grace(grace, config)
+    breaker = _breaker(breaker_failures, breaker_open, config)
     backends = _open(DEFAULT_DB, config, coordinator=False)
-    _serve(backends, workers, grace_s, quiet, lead=False, where=config, temporal_address=_temporal_address(config))
+    _serve(
+        backends,
+        workers,
+        grace_s,
+        quiet,
+        lead=False,
+        where=config,
+        temporal_address=_temporal_address(config),
+        breaker=breaker,
+    )
 
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:

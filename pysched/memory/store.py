@@ -36,6 +36,8 @@ from pysched.model import Job
 from pysched.protocols import (
     NEAR_MS,
     SETTLE_MS,
+    AttemptCount,
+    BreakerRow,
     DispatchOutcome,
     FailedAttempt,
     Fences,
@@ -161,6 +163,10 @@ class ScheduleTables:
         self.dead_letters: dict[tuple[str, int, int], int] = {}
         # The missed-runs table: (job id, first missed time) -> the span.
         self.missed: dict[tuple[str, int], MissedRuns] = {}
+        # Circuit breakers by downstream, and the retry budget's counts by
+        # (downstream, bucket, node).
+        self.breakers: dict[str, BreakerRow] = {}
+        self.attempt_counts: dict[tuple[str, int, str], AttemptCount] = {}
 
     # -- read back by a simulator's checker ------------------------------------
 
@@ -606,6 +612,59 @@ class MemoryScheduleStore:
             if retry_due_ms <= failure.ended_at_ms + NEAR_MS:
                 self.tables.bump(record.partition)
 
+    def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
+        with self._op("run_parked"):
+            row = self._run_for(record)
+            if row.state in ("succeeded", "cancelled"):
+                return
+            job = self.tables.jobs.get(record.job_id)
+            if job is not None and job.state == "cancelled":
+                self._put_run(record, replace_row(row, state="cancelled", ended_at_ms=now_ms))
+                return
+            # As a retry: a row of its own at ``due_ms``, read as the delivery
+            # after the one parked; the row it was delivered from goes.
+            self._schedule_again(record, due_ms, record.attempt)
+            self._op.midway("run_parked")
+            parked = replace_row(row, state="parked", due_ms=due_ms, attempt=max(row.attempt, record.attempt))
+            self._put_run(record, replace_row(parked, error=reason))
+            if due_ms != record.due_ms:
+                self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
+            if due_ms <= now_ms + NEAR_MS:
+                self.tables.bump(record.partition)
+
+    # -- circuit breakers and the retry budget ---------------------------------
+
+    def breaker(self, downstream: str) -> BreakerRow:
+        with self._op("breaker"):
+            return self.tables.breakers.get(downstream) or BreakerRow(downstream)
+
+    def breakers(self) -> list[BreakerRow]:
+        with self._op("breakers"):
+            return [self.tables.breakers[d] for d in sorted(self.tables.breakers)]
+
+    def swap_breaker(self, expected_version: int, row: BreakerRow) -> bool:
+        # One lock for the cluster's state: the conditional write is atomic.
+        with self._op("swap_breaker"):
+            stored = self.tables.breakers.get(row.downstream)
+            if (0 if stored is None else stored.version) != expected_version:
+                return False
+            self.tables.breakers[row.downstream] = replace(row, version=expected_version + 1)
+            return True
+
+    def record_attempts(self, count: AttemptCount) -> None:
+        with self._op("record_attempts"):
+            key = (count.downstream, count.bucket_ms, count.holder)
+            old = self.tables.attempt_counts.get(key)
+            if old is not None:
+                count = replace(count, calls=max(old.calls, count.calls), retries=max(old.retries, count.retries))
+            self.tables.attempt_counts[key] = count
+
+    def attempt_counts(self, downstream: str, since_ms: int) -> list[AttemptCount]:
+        with self._op("attempt_counts"):
+            return [
+                c for c in self.tables.attempt_counts.values() if c.downstream == downstream and c.bucket_ms >= since_ms
+            ]
+
     def get_run(self, job_id: str, run_at_ms: int, attempt_group: int = 0) -> RunRecord:
         with self._op("get_run"):
             row = self.tables.runs.get(job_id, {}).get((run_at_ms, attempt_group))
@@ -728,13 +787,14 @@ class MemoryScheduleStore:
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
         """Cancel the job's runs handed on and not started, and those
-        interrupted or retrying: they belong to the schedule being replaced, and a worker
+        interrupted, retrying or parked: they belong to the schedule being replaced, and a worker
         starting one would read the new spec. Before the job row changes, as on Cassandra: a worker that
         read the new spec finds its run cancelled."""
         for key, row in list(self.tables.runs.get(job_id, {}).items()):
             if (row.state == "scheduled" and row.dispatched_at_ms is not None) or row.state in (
                 "interrupted",
                 "retrying",
+                "parked",
             ):
                 self.tables.upsert_run(job_id, key, replace_row(row, state="cancelled", ended_at_ms=now_ms))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from pysched.breakers import BreakerPolicy
 from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, SyncDriver
 from pysched.leader.driver import ROUND, Part
@@ -22,6 +23,17 @@ from pysched.worker.step import DeliveryWorker
 # Deliveries one worker may take in one round: enough that the workers keep
 # up with a top-of-the-hour burst within a few rounds.
 _DELIVERIES_PER_ROUND = 200
+
+
+# Every job of a world calls one downstream (the simulator's target module),
+# and a flaky world fails a third of their first attempts on purpose: a
+# production budget would rightly dead-letter most of those retries, and a
+# breaker open for 30 s would make every run late. The world's downstream is
+# sized so that both are exercised on every run (breaker reads and writes,
+# counts, budget decisions) while the runs stay owed once and on time: its
+# budget is unbounded, and its breaker opens only after 1,000 failures in a
+# row.
+WORKER_CONFIG = WorkerConfig(breaker=BreakerPolicy(failure_threshold=1_000, budget_floor=1_000_000))
 
 
 class NodeClock:
@@ -81,7 +93,7 @@ class SimNode:
             LeaderConfig(),
         )
         self.driver = SyncDriver(self.leader)
-        self.executor = Executor(self.clients.claims, self.clients.store, self.clock, self.holder, WorkerConfig())
+        self.executor = Executor(self.clients.claims, self.clients.store, self.clock, self.holder, WORKER_CONFIG)
         self.consumer = self.clients.dispatcher.consumer()
         self.worker = DeliveryWorker(self.consumer, self.executor, self.rng)
 

@@ -16,6 +16,8 @@ Tables (keyspace from the config):
 - ``changes``: per partition, a counter bumped by registrations, which leaders
   poll to reload early.
 - ``claims``: the authoritative idempotency claims (see claims/redis_cassandra).
+- ``breakers``, ``attempt_counts``: circuit breakers and the retry
+  budget's counts, per downstream (see stores/cassandra_breakers).
 - ``meta``: what is fixed when the keyspace is created: the partition count,
   which every client reads instead of taking it from its configuration.
 
@@ -49,6 +51,8 @@ from pysched.protocols import (
     DEFAULT_PARTITIONS,
     NEAR_MS,
     SETTLE_MS,
+    AttemptCount,
+    BreakerRow,
     DispatchOutcome,
     FailedAttempt,
     Fences,
@@ -74,6 +78,7 @@ from pysched.protocols import (
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
+from pysched.stores import cassandra_breakers as breaker_tables
 
 log = logging.getLogger("pysched.cassandra")
 
@@ -210,6 +215,7 @@ SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.claims (idem_key text PRIMARY KEY, run_id bigint, state text, holder text,"
     " fence bigint, lease_expires_ms bigint, result text, updated_at_ms bigint)",
     "CREATE TABLE IF NOT EXISTS {ks}.meta (name text PRIMARY KEY, value int)",
+    *breaker_tables.SCHEMA,
 ]
 
 
@@ -457,6 +463,11 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.runs SET state = 'missed', ended_at_ms = ?, error = ?, result = null"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
+        self._park = p(
+            f"UPDATE {ks}.runs SET state = 'parked', due_ms = ?, attempt = ?, error = ?, run_id = ?, partition = ?"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
+        self._breakers = breaker_tables.CassandraBreakers(session, ks)
         self._wm_cache: dict[int, int] = {}
 
     # -- registration ---------------------------------------------------------
@@ -939,6 +950,47 @@ class CassandraScheduleStore:
         if retry_due_ms <= failure.ended_at_ms + NEAR_MS:
             self.session.execute(self._bump, (record.partition,))
 
+    def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
+        # Read, then plain writes, as run_failed's retry: a row of its own at
+        # ``due_ms``, read as the delivery after the one parked, and the row
+        # it was delivered from goes.
+        key = (record.job_id, record.run_at_ms, record.attempt_group)
+        row = self.session.execute(self._run_state, key).one()
+        if row is not None and row.state in ("succeeded", "cancelled"):
+            return
+        job = self.session.execute(self._job_state, (record.job_id,)).one()
+        if job is not None and job.state == "cancelled":
+            self.session.execute(self._cancel_run_in_group, (now_ms, *key))
+            return
+        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        batch.add(
+            self._hand_back_schedule,
+            (due_ms // BUCKET_MS, record.partition, due_ms, record.run_id, *key, record.attempt, None),
+        )
+        batch.add(self._park, (due_ms, record.attempt, reason, record.run_id, record.partition, *key))
+        if due_ms != record.due_ms:
+            batch.add(
+                self._delete_schedule, (record.due_ms // BUCKET_MS, record.partition, record.due_ms, record.run_id)
+            )
+        self.session.execute(batch)
+        if due_ms <= now_ms + NEAR_MS:
+            self.session.execute(self._bump, (record.partition,))
+
+    def breaker(self, downstream: str) -> BreakerRow:
+        return self._breakers.breaker(downstream)
+
+    def breakers(self) -> list[BreakerRow]:
+        return self._breakers.breakers()
+
+    def swap_breaker(self, expected_version: int, row: BreakerRow) -> bool:
+        return self._breakers.swap_breaker(expected_version, row)
+
+    def record_attempts(self, count: AttemptCount) -> None:
+        self._breakers.record_attempts(count)
+
+    def attempt_counts(self, downstream: str, since_ms: int) -> list[AttemptCount]:
+        return self._breakers.attempt_counts(downstream, since_ms)
+
     def get_run(self, job_id: str, run_at_ms: int, attempt_group: int = 0) -> RunRecord:
         row = self.session.execute(self._get_run, (job_id, run_at_ms, attempt_group)).one()
         if row is None:
@@ -1175,14 +1227,15 @@ class CassandraScheduleStore:
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
         """Cancel the job's runs handed on and not started (a scheduled row
-        with a dispatch time), and those interrupted or retrying: they belong
+        with a dispatch time), and those interrupted, retrying or parked: they belong
         to the schedule being replaced, and a worker starting one would read
         the new spec. One partition read: a job's runs are bounded by its
         retention."""
         handed_on = [
             (now_ms, job_id, r.run_at_ms, r.attempt_group)
             for r in self.session.execute(self._job_run_states, (job_id,))
-            if (r.state == "scheduled" and r.dispatched_at_ms is not None) or r.state in ("interrupted", "retrying")
+            if (r.state == "scheduled" and r.dispatched_at_ms is not None)
+            or r.state in ("interrupted", "retrying", "parked")
         ]
         self._concurrent(self._cancel_run_in_group, handed_on)
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from pysched.model import STORED, Job, plannable_job
 from pysched.protocols import (
     NEAR_MS,
+    AttemptCount,
+    BreakerRow,
     DispatchOutcome,
     FailedAttempt,
     Fences,
@@ -39,9 +41,10 @@ from pysched.stores.sqlite_db import SQLiteDatabase
 # two writes): handed on again, it meets its claim, which records it or runs
 # it again as a new attempt. An interrupted run was let go of by its worker,
 # claim and all, and is owed again, whatever its fence; so is a failed run
-# retrying, at its retry's due time.
+# retrying, at its retry's due time, and a run parked by its downstream's
+# breaker, at the time it was parked until.
 _ELIGIBLE = """(
-    runs.state IN ('scheduled', 'interrupted', 'retrying')
+    runs.state IN ('scheduled', 'interrupted', 'retrying', 'parked')
     OR (runs.state = 'dispatched' AND runs.fence < :fence)
     OR (runs.state = 'running' AND EXISTS (
         SELECT 1 FROM claims c WHERE c.run_id = runs.run_id
@@ -54,6 +57,9 @@ _RUN_COLUMNS = (
     "run_id, job_id, run_at_ms, due_ms, state, attempt, fence, dispatched_at_ms,"
     " started_at_ms, ended_at_ms, worker, error, result"
 )
+_BREAKER_COLUMNS = "downstream, version, state, failures, opened_at_ms, reopens_at_ms, probe_until_ms"
+# Attempt counts older than this are dropped: far past the budget's window.
+_COUNTS_KEPT_MS = 600_000
 # SQLite allows 32766 bound parameters; leave room for the named ones.
 _CHUNK = 10_000
 _FINISHED = "('succeeded', 'failed', 'cancelled', 'missed')"
@@ -118,7 +124,7 @@ class SQLiteScheduleStore:
             # so is an interrupted run, which would start again.
             conn.execute(
                 "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ?"
-                " AND state IN ('scheduled', 'dispatched', 'interrupted', 'retrying')",
+                " AND state IN ('scheduled', 'dispatched', 'interrupted', 'retrying', 'parked')",
                 (now_ms, job.id),
             )
             conn.execute(
@@ -145,7 +151,7 @@ class SQLiteScheduleStore:
                 raise JobNotActive(f"job {job_id!r} is already cancelled")
             conn.execute(
                 "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ?"
-                " AND state IN ('scheduled', 'retrying')",
+                " AND state IN ('scheduled', 'retrying', 'parked')",
                 (now_ms, job_id),
             )
             conn.execute("UPDATE jobs SET state = 'cancelled', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id))
@@ -281,15 +287,15 @@ class SQLiteScheduleStore:
             floors = dict(conn.execute("SELECT partition, fence FROM fences").fetchall())
             allowed = within_fences(DispatchOutcome(rows, marks, next_runs), fences, floors)
             rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
-            # A run retrying is dispatched by its retry's delivery, not by a
-            # late record of the attempt that failed (a worker can run and
-            # fail it before its dispatch is recorded).
+            # A run retrying (or parked) is dispatched by its next delivery,
+            # not by a late record of the one that failed (or was parked): a
+            # worker can deal with it before its dispatch is recorded.
             # Handed on before this mark (the in-process queue is no durable
             # step): a crash before this commit leaves the runs scheduled, and
             # the next leader sends them again.
             conn.executemany(
                 "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted')"
-                " OR (state = 'retrying' AND ? > attempt) THEN 'dispatched' ELSE state END, fence = ?,"
+                " OR (state IN ('retrying', 'parked') AND ? > attempt) THEN 'dispatched' ELSE state END, fence = ?,"
                 " dispatched_at_ms = ?, attempt = max(attempt, ?) WHERE run_id = ?",
                 [(r.attempt, fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
             )
@@ -412,6 +418,82 @@ class SQLiteScheduleStore:
             ).fetchone()
             if cur is not None and retry_due_ms is not None and retry_due_ms <= failure.ended_at_ms + NEAR_MS:
                 self._bump(conn, int(cur[0]))  # its leader reloads now, not at its next full reload
+
+    def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
+        with self.db.transaction() as conn:
+            state = "cancelled" if self._job_cancelled(conn, record.job_id) else "parked"
+            # The delivery parked is its attempt: a late record of its
+            # dispatch leaves the run parked (finish_dispatch).
+            row = conn.execute(
+                "UPDATE runs SET state = ?, due_ms = ?, attempt = max(attempt, ?), error = ?,"
+                " ended_at_ms = CASE WHEN ? = 'cancelled' THEN ? END"
+                " WHERE run_id = ? AND state NOT IN ('succeeded', 'cancelled') RETURNING partition",
+                (state, due_ms, record.attempt, reason, state, now_ms, record.run_id),
+            ).fetchone()
+            if row is not None and state == "parked" and due_ms <= now_ms + NEAR_MS:
+                self._bump(conn, int(row[0]))
+
+    # -- circuit breakers and the retry budget ---------------------------------
+
+    def breaker(self, downstream: str) -> BreakerRow:
+        row = (
+            self.db.connection()
+            .execute(f"SELECT {_BREAKER_COLUMNS} FROM breakers WHERE downstream = ?", (downstream,))
+            .fetchone()
+        )
+        return BreakerRow(downstream) if row is None else BreakerRow(*row)
+
+    def breakers(self) -> list[BreakerRow]:
+        try:
+            rows = (
+                self.db.connection().execute(f"SELECT {_BREAKER_COLUMNS} FROM breakers ORDER BY downstream").fetchall()
+            )
+        except sqlite3.OperationalError:
+            return []  # a database no node has opened since breakers existed
+        return [BreakerRow(*r) for r in rows]
+
+    def swap_breaker(self, expected_version: int, row: BreakerRow) -> bool:
+        values = (
+            row.downstream,
+            expected_version + 1,
+            row.state,
+            row.failures,
+            row.opened_at_ms,
+            row.reopens_at_ms,
+            row.probe_until_ms,
+        )
+        with self.db.transaction() as conn:
+            stored = conn.execute("SELECT version FROM breakers WHERE downstream = ?", (row.downstream,)).fetchone()
+            if (0 if stored is None else int(stored[0])) != expected_version:
+                return False
+            conn.execute(f"INSERT OR REPLACE INTO breakers ({_BREAKER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", values)
+            return True
+
+    def record_attempts(self, count: AttemptCount) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO attempt_counts (downstream, bucket_ms, holder, calls, retries) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (downstream, bucket_ms, holder) DO UPDATE SET calls = max(calls, excluded.calls),"
+                " retries = max(retries, excluded.retries)",
+                (count.downstream, count.bucket_ms, count.holder, count.calls, count.retries),
+            )
+            # Long past any budget window: a downstream's table stays small.
+            conn.execute(
+                "DELETE FROM attempt_counts WHERE downstream = ? AND bucket_ms < ?",
+                (count.downstream, count.bucket_ms - _COUNTS_KEPT_MS),
+            )
+
+    def attempt_counts(self, downstream: str, since_ms: int) -> list[AttemptCount]:
+        rows = (
+            self.db.connection()
+            .execute(
+                "SELECT downstream, holder, bucket_ms, calls, retries FROM attempt_counts"
+                " WHERE downstream = ? AND bucket_ms >= ?",
+                (downstream, since_ms),
+            )
+            .fetchall()
+        )
+        return [AttemptCount(*r) for r in rows]
 
     @staticmethod
     def _job_cancelled(conn: sqlite3.Connection, job_id: str) -> bool:

@@ -92,6 +92,23 @@ CREATE TABLE IF NOT EXISTS claims (
     updated_at_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS claims_by_holder ON claims (holder, state);
+CREATE TABLE IF NOT EXISTS breakers (
+    downstream TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    failures INTEGER NOT NULL,
+    opened_at_ms INTEGER,
+    reopens_at_ms INTEGER,
+    probe_until_ms INTEGER
+);
+CREATE TABLE IF NOT EXISTS attempt_counts (
+    downstream TEXT NOT NULL,
+    bucket_ms INTEGER NOT NULL,
+    holder TEXT NOT NULL,
+    calls INTEGER NOT NULL,
+    retries INTEGER NOT NULL,
+    PRIMARY KEY (downstream, bucket_ms, holder)
+);
 """
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pysched.breakers import BreakerPolicy
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class WorkerConfig:
     # The Temporal server of --temporal targets, host:port; None: the
     # PYSCHED_TEMPORAL_ADDRESS environment variable, else 127.0.0.1:7233.
     temporal_address: str | None = None
+    # The downstreams' circuit breakers and retry budget (breakers.py).
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
 
     def retry_cap_ms(self, failures: int) -> int:
         """The longest backoff before the retry that follows ``failures``

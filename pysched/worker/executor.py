@@ -37,6 +37,7 @@ from pydantic import ValidationError
 
 from pysched.catchup import late_reason
 from pysched.clock import Clock
+from pysched.downstream import downstream_of
 from pysched.model import Job
 from pysched.protocols import (
     Claim,
@@ -52,6 +53,7 @@ from pysched.records import DispatchRecord
 from pysched.retries import retry_delay_ms
 from pysched.targets import context_for, run_target
 from pysched.worker.config import WorkerConfig
+from pysched.worker.downstreams import DownstreamGuard
 
 log = logging.getLogger("pysched.worker")
 
@@ -70,6 +72,8 @@ class Ended:
     at_ms: int
     kind: str | None = None
     exception_names: tuple[str, ...] = ()
+    # A run parked (state "parked"), not started: when it is owed again.
+    parked_until_ms: int | None = None
 
 
 @dataclass(eq=False)
@@ -89,6 +93,9 @@ class Execution:
     attempt: int | None = None  # the attempt its start is, once started
     started_at_ms: int | None = None
     job: Job | None = None  # the job as it was read for the run
+    # Whether its retry budget was asked, and what it said: the question is
+    # asked once, however often recording its failure is repeated.
+    retry_granted: bool | None = None
 
 
 class Executor:
@@ -118,6 +125,7 @@ class Executor:
         self._serial = itertools.count(1)
         # Execution holder -> the execution, while it holds a claim it runs.
         self._running: dict[str, Execution] = {}
+        self.downstreams = DownstreamGuard(store, clock, holder, self.config.breaker)
 
     def count(self, what: str) -> None:
         with self._lock:
@@ -287,6 +295,12 @@ class Executor:
                 f" max delay of {job.max_delay_ms / 1000:g} s (catch-up {job.catch_up})"
             )
             return Ended("missed", error, None, now_ms, kind=late)
+        downstream = downstream_of(job_record.job.target)
+        admission = self.downstreams.admit(downstream)
+        if admission.park_until_ms is not None:
+            # Not started: no attempt, no failure, and its retries untouched.
+            why = f"parked: the circuit breaker of {downstream} is open"
+            return Ended("parked", why, None, self.clock.now_ms(), parked_until_ms=admission.park_until_ms)
         execution.start_asked = True
         execution.job = job_record.job
         execution.started_at_ms = self.clock.now_ms()
@@ -302,12 +316,14 @@ class Executor:
             self._interrupted_before_start(execution, by_interrupt)
             return None
         job = job_record.job
+        self.downstreams.called(downstream)
         outcome = run_target(
             job,
             context_for(job, record._replace(attempt=execution.attempt)),
             self.interrupting,
             self.config.temporal_address,
         )
+        self.downstreams.ended(downstream, outcome.kind, outcome.succeeded)
         return Ended(
             "succeeded" if outcome.succeeded else "failed",
             outcome.error,
@@ -329,13 +345,22 @@ class Executor:
         delay = None
         if execution.job is not None:
             delay = retry_delay_ms(execution.job.retry, end.kind, end.exception_names, failures, attempt, self._rng)
+        error = end.error
+        if delay is not None and execution.job is not None:
+            # The budget is asked once: a repeated recording asks nothing.
+            downstream = downstream_of(execution.job.target)
+            if execution.retry_granted is None:
+                execution.retry_granted = self.downstreams.grant_retry(downstream)
+            if not execution.retry_granted:
+                delay = None
+                error = f"{error or 'failed'} (retry budget exhausted for {downstream})"
         retry_due_ms = None if delay is None else end.at_ms + delay
         failure = FailedAttempt(
             attempt,
             self.holder,
             execution.started_at_ms,
             end.at_ms,
-            end.error,
+            error,
             end.kind,
             retry_due_ms is None,
             end.result,
@@ -368,8 +393,9 @@ class Executor:
         ended = [(e, e.ended) for e in executions if e.ended is not None]
         for execution, end in ended:
             # A missed run's claim is not a success: its redelivery would
-            # record it succeeded. Taken over, it finds the run missed.
-            succeeded = end.state not in ("failed", "missed")
+            # record it succeeded. Taken over, it finds the run missed. A
+            # parked run let go of its claim, for its next delivery.
+            succeeded = end.state not in ("failed", "missed", "parked")
             self.claims.complete(execution.record.idempotency_key, execution.holder, succeeded, end.result, end.at_ms)
         retry_at: dict[str, int | None] = {}
         for execution, end in ended:
@@ -379,13 +405,17 @@ class Executor:
             elif end.state == "missed":
                 missed = MissedRuns(record.job_id, record.run_at_ms, record.run_at_ms + 1, end.kind or "skipped")
                 self.store.run_missed(record, missed, end.error or "missed", end.at_ms)
+            elif end.state == "parked" and end.parked_until_ms is not None:
+                self.store.run_parked(execution.record, end.parked_until_ms, end.error or "parked", end.at_ms)
             elif end.state is not None:
                 self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
         for execution, end in ended:
-            self.count(end.state if end.state in ("succeeded", "failed", "missed") else "cancelled")
+            self.count(end.state if end.state in ("succeeded", "failed", "missed", "parked") else "cancelled")
             job_id = execution.record.job_id
             if end.state == "missed":
                 log.info("missed %s run_at=%d: %s", job_id, execution.record.run_at_ms, end.error)
+            elif end.state == "parked":
+                log.info("%s run_at=%d %s", job_id, execution.record.run_at_ms, end.error)
             elif end.state == "succeeded":
                 log.info("ran %s: succeeded%s", job_id, f": {end.result}" if end.result else "")
             elif end.state == "failed" and (retry_ms := retry_at.get(execution.holder)) is not None:
