@@ -16,7 +16,10 @@ paused. Each policy, for a recurring job:
   that.
 
 A one-shot that is late runs unless its policy is skip or deadline.
-Whatever is not run is counted by reason (protocols.MissedRuns)."""
+Whatever is not run is counted by reason (protocols.MissedRuns).
+
+A job resumed after a pause follows its policy the same way, the times it
+passed over while paused counted as ``paused`` (on_resume)."""
 
 from __future__ import annotations
 
@@ -54,6 +57,38 @@ def next_run(job: Job, jitter_ms: int, run_at_ms: int, now_ms: int) -> tuple[Pla
     reason = "past_deadline" if job.catch_up == "deadline" else "skipped"
     # Up to the next run; when the schedule ends, up to what has passed.
     return planned, MissedRuns(job.id, first, after + 1 if nxt is None else nxt, reason)
+
+
+def on_resume(
+    job: Job, jitter_ms: int, held: PlannedRun | None, now_ms: int
+) -> tuple[PlannedRun | None, MissedRuns | None]:
+    """The run a job resumed at ``now_ms`` fires next, in place of the run
+    it held while paused (None: it held none, and the first run from now
+    is the next), and the schedule times passed over for the pause."""
+    sched = job.schedule
+    if held is None:
+        if isinstance(sched, CronSchedule):
+            nxt = cron.next_after(sched.expr, sched.tz, now_ms)
+            return (None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)), None
+        return None, None
+    if held.due_ms > now_ms or not isinstance(sched, CronSchedule) or job.catch_up == "run_all":
+        # Not due yet; a one-shot is the worker's to judge late; run_all
+        # replays every time from the held one on.
+        return held, None
+    if job.catch_up == "run_once":
+        # The latest time already due runs, once.
+        nxt = held.run_at_ms
+        while (after := cron.next_after(sched.expr, sched.tz, nxt)) is not None and after + jitter_ms <= now_ms:
+            nxt = after
+    elif job.catch_up == "deadline":
+        nxt = cron.next_after(sched.expr, sched.tz, max(held.run_at_ms - 1, now_ms - jitter_ms - job.max_delay_ms - 1))
+    else:
+        nxt = cron.next_after(sched.expr, sched.tz, now_ms - jitter_ms - 1)
+    planned = None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)
+    if planned is not None and planned.run_at_ms == held.run_at_ms:
+        return held, None
+    end = now_ms + 1 if planned is None else planned.run_at_ms
+    return planned, MissedRuns(job.id, held.run_at_ms, end, "paused")
 
 
 def late_reason(job: Job, due_ms: int, now_ms: int) -> str | None:

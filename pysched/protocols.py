@@ -155,7 +155,7 @@ def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
-    state: str  # active | cancelled | completed
+    state: str  # active | paused | cancelled | completed
     partition: int
     jitter_ms: int
     created_at_ms: int
@@ -309,8 +309,9 @@ MISSED_REASONS = ("skipped", "past_deadline", "paused", "overlap")
 class MissedRuns:
     """The schedule times of a job from ``first_ms`` up to (not including)
     ``end_ms`` that ran no run, for ``reason``. Kept once under (job,
-    ``first_ms``) however often written: a schedule time is missed once, and
-    a write repeated after a timeout counts nothing twice. Stored as the
+    ``first_ms``) however often written, the later end kept: a schedule
+    time is missed once, and a write repeated after a timeout counts
+    nothing twice. Stored as the
     span, counted when read (catchup.count_missed): a day of a minutely job
     is one row, not 1,440."""
 
@@ -410,6 +411,22 @@ class ScheduleStore(Protocol):
         but not started, are cancelled (a started run keeps its spec and
         goes on) and ``first`` becomes the next run. Raises JobNotFound,
         JobNotActive."""
+        ...
+
+    def pause_job(self, job_id: str, now_ms: int) -> JobRecord:
+        """Stop an active job firing: its run waiting to be handed on is
+        held (state ``paused``, out of every leader's wheel) until
+        resume_job. Runs already handed on (a worker finds the job paused
+        and records them missed), running, or waiting for a retry of an
+        earlier fire go on. Raises JobNotFound, JobNotActive."""
+        ...
+
+    def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
+        """A paused job active again (completed when ``next_run`` is None):
+        its held run becomes ``next_run`` when they are the same schedule
+        time, and is recorded missed otherwise; ``missed`` is kept (the core
+        decides both by the job's catch-up policy, catchup.on_resume).
+        Raises JobNotFound, JobNotActive (a job that is not paused)."""
         ...
 
     def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:

@@ -1,4 +1,4 @@
-"""Registering, rescheduling and cancelling jobs: admission, planning and one
+"""Registering, rescheduling, pausing and cancelling jobs: admission, planning and one
 store call, so a job is acknowledged only once its first run is committed and
 a job that cannot run is refused before anything is stored.
 
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pysched import catchup
 from pysched.admission import admit, check_schedule
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.planning import first_run, jitter_for, partition_for
-from pysched.protocols import JobRecord, Registration, ScheduleStore
+from pysched.protocols import JobNotActive, JobRecord, Registration, ScheduleStore
 
 
 def register(store: ScheduleStore, job: Job, now_ms: int) -> JobRecord:
@@ -41,3 +42,13 @@ def reschedule(store: ScheduleStore, job_id: str, schedule: CronSchedule | OnceS
     job = Job.model_validate({**current.model_dump(), "schedule": schedule.model_dump()})
     jitter_ms = jitter_for(job)
     return store.reschedule(job, jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)
+
+
+def resume(store: ScheduleStore, job_id: str, now_ms: int) -> JobRecord:
+    """A paused job active again, its next run chosen by its catch-up
+    policy. Raises JobNotFound, or JobNotActive for a job not paused."""
+    current = store.get_job(job_id)
+    if current.state != "paused":
+        raise JobNotActive(f"job {job_id!r} is {current.state}, not paused")
+    planned, missed = catchup.on_resume(current.job, current.jitter_ms, current.next_run, now_ms)
+    return store.resume_job(job_id, planned, missed, now_ms)

@@ -51,10 +51,11 @@ class Process:
     clock: ManualClock
     holder: str
     fired: list[RunDispatched] = field(default_factory=list)
+    catch_up_rate: int = RATE
 
     def __post_init__(self) -> None:
         node = self.cluster.node()
-        config = LeaderConfig(catch_up_rate=RATE)
+        config = LeaderConfig(catch_up_rate=self.catch_up_rate)
         self.leader = PartitionLeader(
             node.store, node.coordinator, node.dispatcher, self.clock, self.holder, config, self.fired.append
         )

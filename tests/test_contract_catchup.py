@@ -9,7 +9,7 @@ import tests.test_contract as contract
 from pysched.catchup import count_missed
 from pysched.leader.recording import record_sent
 from pysched.model import Job
-from pysched.protocols import MissedRuns, PlannedRun
+from pysched.protocols import JobNotActive, MissedRuns, PlannedRun
 from pysched.records import DispatchRecord
 from tests.test_contract import Backend, _fresh_t0, backend, every, once_job, record
 
@@ -111,3 +111,49 @@ def test_a_run_that_started_is_not_missed_after_the_fact(backend: Backend) -> No
     store.run_missed(started, span, "missed: too late", t0 + 10 * MINUTE + 10)
     assert store.history("started")[0].state == "running"
     assert store.missed_runs(["started"]) == {}
+
+
+def test_a_paused_job_holds_its_run_until_resumed_as_it_was(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    job = minutely("run_once")
+    store.add_job(job, 0, 0, PlannedRun(t0 + MINUTE, t0 + MINUTE), t0)
+    paused = store.pause_job(job.id, t0 + 10)
+    assert (paused.state, paused.next_run) == ("paused", PlannedRun(t0 + MINUTE, t0 + MINUTE))
+    # Out of every leader's reads, and not planned after.
+    assert store.due_runs(every(1), t0 + 10 * MINUTE, t0 + 20) == []
+    assert store.planning_state({job.id}) == {}
+    with pytest.raises(JobNotActive):
+        store.pause_job(job.id, t0 + 30)
+    resumed = store.resume_job(job.id, PlannedRun(t0 + MINUTE, t0 + MINUTE), None, t0 + 40)
+    assert (resumed.state, resumed.next_run) == ("active", PlannedRun(t0 + MINUTE, t0 + MINUTE))
+    assert [r.run_at_ms for r in store.due_runs(every(1), t0 + 10 * MINUTE, t0 + 50)] == [t0 + MINUTE]
+    with pytest.raises(JobNotActive):
+        store.resume_job(job.id, None, None, t0 + 60)
+
+
+def test_a_job_resumed_later_records_its_held_run_missed_and_fires_the_next(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    job = minutely("skip")
+    store.add_job(job, 0, 0, PlannedRun(t0 + MINUTE, t0 + MINUTE), t0)
+    store.pause_job(job.id, t0 + 10)
+    back = t0 + 10 * MINUTE + 30_000
+    span = MissedRuns(job.id, t0 + MINUTE, t0 + 11 * MINUTE, "paused")
+    resumed = store.resume_job(job.id, PlannedRun(t0 + 11 * MINUTE, t0 + 11 * MINUTE), span, back)
+    assert resumed.next_run == PlannedRun(t0 + 11 * MINUTE, t0 + 11 * MINUTE)
+    (held,) = store.history(job.id)
+    assert (held.run_at_ms, held.state, held.error) == (t0 + MINUTE, "missed", "missed: the job was paused")
+    assert [r.run_at_ms for r in store.due_runs(every(1), back + MINUTE, back)] == [t0 + 11 * MINUTE]
+    assert store.missed_runs([job.id]) == {job.id: [span]}
+    assert count_missed(job, span) == 10
+
+
+def test_a_missed_span_written_twice_keeps_the_later_end(backend: Backend) -> None:
+    t0 = contract.T0
+    store = backend.store
+    late = _sent_late(backend, "late")
+    whole = MissedRuns("late", late.run_at_ms, late.run_at_ms + 5 * MINUTE, "paused")
+    store.run_missed(late, whole, "missed: the job was paused", t0 + 10 * MINUTE)
+    store.run_missed(late, MissedRuns("late", late.run_at_ms, late.run_at_ms + 1, "paused"), "x", t0 + 10 * MINUTE)
+    assert store.missed_runs(["late"]) == {"late": [whole]}

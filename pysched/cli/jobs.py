@@ -39,6 +39,7 @@ from pysched.cli.common import (
 from pysched.model import CATCH_UP_POLICIES, DEFAULT_MAX_DELAY_S, CronSchedule, Job, OnceSchedule, RetryPolicy
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
 from pysched.registry import register, reschedule
+from pysched.registry import resume as resume_job
 
 
 def _now_ms() -> int:
@@ -243,6 +244,8 @@ def _print_job(rec: JobRecord, as_json: bool, verb: str) -> None:
         echo_json(job_json(rec))
         return
     nxt = f"next run {iso(rec.next_run.due_ms)}" if rec.next_run else "no further runs"
+    if rec.state == "paused":
+        nxt = f"holding its run of {iso(rec.next_run.due_ms)} until resumed" if rec.next_run else "nothing held"
     jitter = f" (+{rec.jitter_ms} ms jitter)" if rec.jitter_ms else ""
     typer.echo(f"{verb} {rec.job.id}: {_describe(rec)}; {nxt}{jitter}")
 
@@ -487,6 +490,40 @@ def cancel(
     _print_job(rec, as_json, "cancelled")
 
 
+def pause(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop a job firing until `pysched resume`; the times it passes over
+    are counted missed (paused)."""
+    try:
+        rec = open_store(db, config, access="write").pause_job(job_id, _now_ms())
+    except JobNotFound as exc:
+        fail(str(exc), EXIT_NO_SUCH_JOB)
+    except JobNotActive as exc:
+        fail(str(exc))
+    _print_job(rec, as_json, "paused")
+
+
+def resume(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Let a paused job fire again; what it missed follows its --catch-up
+    policy (run_once: one run now for the times passed over)."""
+    try:
+        rec = resume_job(open_store(db, config, access="write"), job_id, _now_ms())
+    except JobNotFound as exc:
+        fail(str(exc), EXIT_NO_SUCH_JOB)
+    except JobNotActive as exc:
+        fail(str(exc))
+    _print_job(rec, as_json, "resumed")
+
+
 def reschedule_cmd(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     cron_expr: Annotated[str | None, typer.Option("--cron", help="New cron expression.")] = None,
@@ -528,4 +565,6 @@ def register_commands(app: typer.Typer) -> None:
     app.command()(show)
     app.command()(history)
     app.command()(cancel)
+    app.command()(pause)
+    app.command()(resume)
     app.command("reschedule")(reschedule_cmd)

@@ -12,6 +12,7 @@ from collections.abc import Collection
 import numpy as np
 
 from pysched import native
+from pysched.leader.lane import CatchUpLane
 from pysched.leader.loading import Loaded
 from pysched.protocols import SETTLE_MS, Run
 
@@ -19,8 +20,10 @@ _UNSENT = (-1, -1)
 
 
 class RunCache:
-    def __init__(self, start_ms: int) -> None:
+    def __init__(self, start_ms: int, catch_up_rate: int) -> None:
         self._wheel = native.TimingWheel(start_ms)
+        # Runs found long overdue, handed on after those due now (lane.py).
+        self.lane = CatchUpLane(catch_up_rate)
         # run_id -> the run, for the runs in the wheel: kept in the shape the
         # codec takes, so a burst converts nothing when it fires.
         self._pending: dict[int, Run] = {}
@@ -66,6 +69,15 @@ class RunCache:
         for run_id in gone:
             self._wheel.cancel(run_id)
             del self._pending[run_id]
+        self.lane.drop(
+            [
+                row.run_id
+                for row in self.lane.waiting()
+                if row.partition in current
+                and row.run_id not in fresh
+                and self._born.get(row.run_id, -1) <= loaded.generation
+            ]
+        )
         self._add([row for row in rows if self._sent.get(row.run_id, _UNSENT)[0] != row.attempt], loaded.horizon)
         for p in current:
             self._read_at[p] = max(self._read_at.get(p, loaded.read_at), loaded.read_at)
@@ -75,7 +87,7 @@ class RunCache:
             # otherwise bring back, and resend, everything sent since.
             read = {row.run_id for row in loaded.rows}
             self._sent = {r: s for r, s in self._sent.items() if r in read or s[1] not in loaded.fences}
-            self._born = {r: g for r, g in self._born.items() if r in self._pending}
+            self._born = {r: g for r, g in self._born.items() if r in self._pending or r in self.lane}
 
     def add_planned(self, planned: list[Run], fences: dict[int, int], horizon: int) -> None:
         """The next runs the recorder planned, those due within ``horizon``."""
@@ -112,6 +124,7 @@ class RunCache:
         """Partitions lost or led under a new fence: what was read and sent
         under the old fence counts for nothing under the new one (those sends
         met, or will meet, the workers' fence check)."""
+        self.lane.forget(partitions)
         for p in partitions:
             self._read_at.pop(p, None)
         self._sent = {r: s for r, s in self._sent.items() if s[1] not in partitions}

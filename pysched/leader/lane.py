@@ -61,8 +61,20 @@ class CatchUpLane:
         pass them, or a successor would never read them."""
         return self._by_partition[partition] > 0
 
+    def __contains__(self, run_id: int) -> bool:
+        return run_id in self._runs
+
+    def waiting(self) -> list[Run]:
+        return list(self._runs.values())
+
+    def drop(self, run_ids: Collection[int]) -> None:
+        """Runs no longer to hand on (their partition lost, or gone from the
+        store: cancelled, paused, rescheduled)."""
+        for run_id in run_ids:
+            row = self._runs.pop(run_id, None)
+            if row is not None:
+                self._by_partition[row.partition] -= 1
+
     def forget(self, partitions: Collection[int]) -> None:
         """Partitions lost: their new leader reads these runs itself."""
-        for run_id in [r for r, row in self._runs.items() if row.partition in partitions]:
-            row = self._runs.pop(run_id)
-            self._by_partition[row.partition] -= 1
+        self.drop([r for r, row in self._runs.items() if row.partition in partitions])

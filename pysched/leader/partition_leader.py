@@ -12,7 +12,6 @@ from pysched.leader.cache import RunCache
 from pysched.leader.config import LeaderConfig, RunDispatched
 from pysched.leader.firing import Publisher
 from pysched.leader.guard import ranges
-from pysched.leader.lane import CatchUpLane
 from pysched.leader.leases import LeaseKeeper
 from pysched.leader.loading import Loader
 from pysched.leader.recording import Recorder, SentBatch
@@ -51,8 +50,8 @@ class PartitionLeader:
         self.config = cfg = config or LeaderConfig()
         self.fences: dict[int, int] = {}  # what the tick acts on
         self.leases = LeaseKeeper(coordinator, holder)
-        self.cache = RunCache(clock.now_ms())
-        self.lane = CatchUpLane(cfg.catch_up_rate)
+        self.cache = RunCache(clock.now_ms(), cfg.catch_up_rate)
+        self.lane = self.cache.lane
         self.loader = Loader(store, cfg, lambda: self.fences, lambda: self.cache.generation)
         self.publisher = Publisher(dispatcher, cfg)
         self.recorder = Recorder(store, cfg, on_dispatch)
@@ -92,7 +91,6 @@ class PartitionLeader:
         if lost:
             log.warning("no longer leading partitions %s", ranges(lost))
             self.cache.forget(set(lost))
-            self.lane.forget(set(lost))
         if gained:
             self._standby_logged = False
             fences = sorted(set(gained.values()))

@@ -216,6 +216,12 @@ class ScheduleTables:
     def upsert_run(self, job_id: str, key: RunKey, row: RunRow) -> None:
         self.runs.setdefault(job_id, {})[key] = row
 
+    def keep_missed(self, missed: MissedRuns) -> None:
+        key = (missed.job_id, missed.first_ms)
+        known = self.missed.get(key)
+        if known is None or missed.end_ms > known.end_ms:
+            self.missed[key] = missed
+
     def bump(self, partition: int) -> None:
         self.changes[partition] = self.changes.get(partition, 0) + 1
 
@@ -356,6 +362,55 @@ class MemoryScheduleStore:
             moved = self._keep_ahead({job.id: (current.partition, first)})
             if job.id in moved:
                 record = replace_row(record, next_run=moved[job.id])
+        return record
+
+    def pause_job(self, job_id: str, now_ms: int) -> JobRecord:
+        with self._op("pause_job"):
+            current = self._row(job_id)
+            if current.state != "active":
+                raise JobNotActive(f"job {job_id!r} is {current.state}, not active")
+            self.tables.jobs[job_id] = replace_row(current, state="paused", updated_at_ms=now_ms)
+            held = current.next_run
+            if held is not None:
+                # Out of the schedule, so no leader reads it again; its run
+                # row and the job's pointer say which run it was.
+                self.tables.delete_schedule(current.partition, held.due_ms, run_id_for(job_id, held.run_at_ms, 0))
+                key = (held.run_at_ms, 0)
+                row = self.tables.runs.get(job_id, {}).get(key)
+                if row is not None:
+                    self.tables.upsert_run(job_id, key, replace_row(row, state="paused"))
+            self.tables.bump(current.partition)
+            return self._record(self.tables.jobs[job_id])
+
+    def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
+        marks = self.watermarks()
+        with self._op("resume_job"):
+            current = self._row(job_id)
+            if current.state != "paused":
+                raise JobNotActive(f"job {job_id!r} is {current.state}, not paused")
+            first = _ahead_of(self._not_before_now(next_run, now_ms), marks.get(current.partition))
+            if first is not None:
+                self._write_run(job_id, current.partition, first)
+            if missed is not None:
+                self.tables.keep_missed(missed)
+            self.tables.jobs[job_id] = replace_row(
+                current, state="active" if first else "completed", next_run=first, updated_at_ms=now_ms
+            )
+            held = current.next_run
+            if held is not None and (first is None or first.run_at_ms != held.run_at_ms):
+                key = (held.run_at_ms, 0)
+                row = self.tables.runs.get(job_id, {}).get(key)
+                if row is not None:
+                    missed_row = replace_row(
+                        row, state="missed", ended_at_ms=now_ms, error="missed: the job was paused"
+                    )
+                    self.tables.upsert_run(job_id, key, missed_row)
+            self.tables.bump(current.partition)
+            record = self._record(self.tables.jobs[job_id])
+        if first is not None:
+            moved = self._keep_ahead({job_id: (current.partition, first)})
+            if job_id in moved:
+                record = replace_row(record, next_run=moved[job_id])
         return record
 
     def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
@@ -510,7 +565,7 @@ class MemoryScheduleStore:
         for nxt in next_runs.runs:
             self._write_run(nxt.job_id, nxt.partition, nxt.run)
             if nxt.missed is not None:
-                self.tables.missed.setdefault((nxt.job_id, nxt.missed.first_ms), nxt.missed)
+                self.tables.keep_missed(nxt.missed)
             current = self.tables.jobs.get(nxt.job_id)
             if current is not None:
                 self.tables.jobs[nxt.job_id] = replace_row(current, next_run=nxt.run, updated_at_ms=now_ms)
@@ -568,7 +623,7 @@ class MemoryScheduleStore:
             if row.state not in ("scheduled", "dispatched"):
                 return
             self._put_run(record, replace_row(row, state="missed", ended_at_ms=now_ms, error=error, result=None))
-            self.tables.missed.setdefault((missed.job_id, missed.first_ms), missed)
+            self.tables.keep_missed(missed)
 
     def missed_runs(self, job_ids: Sequence[str]) -> dict[str, list[MissedRuns]]:
         with self._op("missed_runs"):
@@ -761,7 +816,7 @@ class MemoryScheduleStore:
 
     @staticmethod
     def _record(row: JobRow) -> JobRecord:
-        nxt = row.next_run if row.state == "active" else None
+        nxt = row.next_run if row.state in ("active", "paused") else None
         return JobRecord(row.job, row.state, row.partition, row.jitter_ms, row.created_at_ms, nxt)
 
     @staticmethod

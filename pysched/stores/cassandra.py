@@ -333,6 +333,20 @@ class CassandraScheduleStore:
         self._delete_schedule = p(
             f"DELETE FROM {ks}.schedule WHERE time_bucket = ? AND shard = ? AND due_ms = ? AND run_id = ?"
         )
+        self._pause_job = p(
+            f"UPDATE {ks}.jobs SET state = 'paused', updated_at_ms = ? WHERE job_id = ? IF state = 'active'"
+        )
+        self._resume_job = p(
+            f"UPDATE {ks}.jobs SET state = ?, next_run_at_ms = ?, next_due_ms = ?, updated_at_ms = ?"
+            " WHERE job_id = ? IF state = 'paused'"
+        )
+        self._hold_run = p(
+            f"UPDATE {ks}.runs SET state = 'paused' WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
+        )
+        self._missed_while_paused = p(
+            f"UPDATE {ks}.runs SET state = 'missed', ended_at_ms = ?, error = 'missed: the job was paused'"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
+        )
         self._cancel_run = p(
             f"UPDATE {ks}.runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND run_at_ms = ?"
             " AND attempt_group = 0"
@@ -457,7 +471,11 @@ class CassandraScheduleStore:
         self._newest_dead_letters = p(
             f"SELECT failed_at_ms, job_id, run_at_ms, attempt_group FROM {ks}.dead_letters WHERE partition = ? LIMIT ?"
         )
-        self._insert_missed = p(f"INSERT INTO {ks}.missed_runs (job_id, first_ms, end_ms, reason) VALUES (?, ?, ?, ?)")
+        # Written at the span's end as its timestamp: of two writes of one
+        # span, the later end holds whichever arrives last.
+        self._insert_missed = p(
+            f"INSERT INTO {ks}.missed_runs (job_id, first_ms, end_ms, reason) VALUES (?, ?, ?, ?) USING TIMESTAMP ?"
+        )
         self._missed_of_job = p(f"SELECT job_id, first_ms, end_ms, reason FROM {ks}.missed_runs WHERE job_id = ?")
         self._run_missed = p(
             f"UPDATE {ks}.runs SET state = 'missed', ended_at_ms = ?, error = ?, result = null"
@@ -629,6 +647,52 @@ class CassandraScheduleStore:
         if current.next_run_at_ms is not None:
             self._drop_pending(job_id, current.partition, current.next_run_at_ms, current.next_due_ms, now_ms)
         self.session.execute(self._bump, (current.partition,))
+        return self.get_job(job_id)
+
+    def pause_job(self, job_id: str, now_ms: int) -> JobRecord:
+        current = self._row(job_id)
+        if current.state != "active":
+            raise JobNotActive(f"job {job_id!r} is {current.state}, not active")
+        res = self.session.execute(self._pause_job, (now_ms, job_id))
+        if not res.was_applied:
+            raise JobNotActive(f"job {job_id!r} is {res.one().state}, not active")
+        if current.next_run_at_ms is not None:
+            # Out of the schedule, so no leader reads it again; its run row
+            # and the job's pointer say which run it was, for the resume.
+            run_id = run_id_for(job_id, current.next_run_at_ms, 0)
+            due_ms = current.next_due_ms
+            self.session.execute(self._delete_schedule, (due_ms // BUCKET_MS, current.partition, due_ms, run_id))
+            self.session.execute(self._hold_run, (job_id, current.next_run_at_ms))
+        self.session.execute(self._bump, (current.partition,))
+        return self.get_job(job_id)
+
+    def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
+        current = self._row(job_id)
+        if current.state != "paused":
+            raise JobNotActive(f"job {job_id!r} is {current.state}, not paused")
+        first = _ahead_of(self._not_before_now(next_run, now_ms), self.watermarks().get(current.partition))
+        if first is not None:
+            self._write_run(job_id, current.partition, first)
+        if missed is not None:
+            self.session.execute(self._insert_missed, _missed_row(missed))
+        res = self.session.execute(
+            self._resume_job,
+            (
+                "active" if first else "completed",
+                first.run_at_ms if first else None,
+                first.due_ms if first else None,
+                now_ms,
+                job_id,
+            ),
+        )
+        if not res.was_applied:
+            raise JobNotActive(f"job {job_id!r} is {res.one().state}, not paused")
+        held = current.next_run_at_ms
+        if held is not None and (first is None or first.run_at_ms != held):
+            self.session.execute(self._missed_while_paused, (now_ms, job_id, held))
+        self.session.execute(self._bump, (current.partition,))
+        if first is not None:
+            self._keep_ahead({job_id: (current.partition, first)})
         return self.get_job(job_id)
 
     # -- reading --------------------------------------------------------------
@@ -1135,7 +1199,7 @@ class CassandraScheduleStore:
 
     def _record(self, row: Any) -> JobRecord:
         nxt = None
-        if row.state == "active" and row.next_run_at_ms is not None:
+        if row.state in ("active", "paused") and row.next_run_at_ms is not None:
             nxt = PlannedRun(row.next_run_at_ms, row.next_due_ms)
         return JobRecord(
             job=Job.model_validate_json(row.spec, context=STORED),
@@ -1252,5 +1316,5 @@ class CassandraScheduleStore:
                 raise result
 
 
-def _missed_row(missed: MissedRuns) -> tuple[str, int, int, str]:
-    return (missed.job_id, missed.first_ms, missed.end_ms, missed.reason)
+def _missed_row(missed: MissedRuns) -> tuple[str, int, int, str, int]:
+    return (missed.job_id, missed.first_ms, missed.end_ms, missed.reason, missed.end_ms)

@@ -151,12 +151,54 @@ class SQLiteScheduleStore:
                 raise JobNotActive(f"job {job_id!r} is already cancelled")
             conn.execute(
                 "UPDATE runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ?"
-                " AND state IN ('scheduled', 'retrying', 'parked')",
+                " AND state IN ('scheduled', 'retrying', 'parked', 'paused')",
                 (now_ms, job_id),
             )
             conn.execute("UPDATE jobs SET state = 'cancelled', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id))
             self._bump(conn, row[1])
         return self.get_job(job_id)
+
+    def pause_job(self, job_id: str, now_ms: int) -> JobRecord:
+        with self.db.transaction() as conn:
+            partition = self._state_is(conn, job_id, "active")
+            conn.execute("UPDATE runs SET state = 'paused' WHERE job_id = ? AND state = 'scheduled'", (job_id,))
+            conn.execute("UPDATE jobs SET state = 'paused', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id))
+            self._bump(conn, partition)
+        return self.get_job(job_id)
+
+    def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
+        with self.db.transaction() as conn:
+            partition = self._state_is(conn, job_id, "paused")
+            conn.execute(
+                "UPDATE runs SET state = 'missed', ended_at_ms = ?, error = 'missed: the job was paused'"
+                " WHERE job_id = ? AND state = 'paused' AND run_at_ms != ?",
+                (now_ms, job_id, -1 if next_run is None else next_run.run_at_ms),
+            )
+            if next_run is not None:
+                conn.execute(
+                    "INSERT INTO runs (job_id, run_at_ms, due_ms, partition, state) VALUES (?, ?, ?, ?, 'scheduled')"
+                    " ON CONFLICT (job_id, run_at_ms, attempt_group) DO UPDATE SET state = 'scheduled',"
+                    " due_ms = excluded.due_ms, ended_at_ms = NULL WHERE runs.state IN ('paused', 'cancelled')",
+                    (job_id, next_run.run_at_ms, next_run.due_ms, partition),
+                )
+            if missed is not None:
+                self._insert_missed(conn, missed)
+            conn.execute(
+                "UPDATE jobs SET state = ?, updated_at_ms = ? WHERE job_id = ?",
+                ("active" if next_run else "completed", now_ms, job_id),
+            )
+            self._bump(conn, partition)
+        return self.get_job(job_id)
+
+    @staticmethod
+    def _state_is(conn: sqlite3.Connection, job_id: str, state: str) -> int:
+        """The job's partition, if the job is in ``state``."""
+        row = conn.execute("SELECT state, partition FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        if row[0] != state:
+            raise JobNotActive(f"job {job_id!r} is {row[0]}, not {state}")
+        return int(row[1])
 
     # -- reading --------------------------------------------------------------
 
@@ -375,7 +417,9 @@ class SQLiteScheduleStore:
     @staticmethod
     def _insert_missed(conn: sqlite3.Connection, missed: MissedRuns) -> None:
         conn.execute(
-            "INSERT OR IGNORE INTO missed_runs (job_id, first_ms, end_ms, reason) VALUES (?, ?, ?, ?)",
+            "INSERT INTO missed_runs (job_id, first_ms, end_ms, reason) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (job_id, first_ms) DO UPDATE SET end_ms = excluded.end_ms, reason = excluded.reason"
+            " WHERE excluded.end_ms > missed_runs.end_ms",
             (missed.job_id, missed.first_ms, missed.end_ms, missed.reason),
         )
 
@@ -631,7 +675,7 @@ class SQLiteScheduleStore:
         nxt = (
             self.db.connection()
             .execute(
-                "SELECT run_at_ms, due_ms FROM runs WHERE job_id = ? AND state = 'scheduled'"
+                "SELECT run_at_ms, due_ms FROM runs WHERE job_id = ? AND state IN ('scheduled', 'paused')"
                 " ORDER BY run_at_ms LIMIT 1",
                 (job_id,),
             )

@@ -287,6 +287,10 @@ class Executor:
         if job_record is None or job_record.state == "cancelled":
             return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
         now_ms = self.clock.now_ms()
+        if first_claim and job_record.state == "paused":
+            # Handed on before the pause reached its leader: a paused job
+            # fires nothing, and counts it.
+            return Ended("missed", "missed: the job was paused", None, now_ms, kind="paused")
         late = late_reason(job_record.job, record.due_ms, now_ms) if first_claim else None
         if late is not None:
             job = job_record.job
