@@ -23,6 +23,8 @@ passed over while paused counted as ``paused`` (on_resume)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pysched import cron
 from pysched.model import CronSchedule, Job
 from pysched.protocols import MissedRuns, PlannedRun
@@ -91,6 +93,40 @@ def on_resume(
     return planned, MissedRuns(job.id, held.run_at_ms, end, "paused")
 
 
+@dataclass(frozen=True)
+class Replay:
+    """What a leader starting now would make of a job's overdue run: how
+    many runs it hands on, and how many schedule times it passes over."""
+
+    runs: int
+    missed: int
+    reason: str | None  # why those are missed (a MissedRuns reason)
+
+
+def replay(job: Job, jitter_ms: int, overdue: PlannedRun, now_ms: int) -> Replay:
+    """For ``pysched catch-up --dry-run``: the policy applied to a job whose
+    next run, ``overdue``, is due before ``now_ms``."""
+    sched = job.schedule
+    if not isinstance(sched, CronSchedule):
+        late = late_reason(job, overdue.due_ms, now_ms)
+        return Replay(0, 1, late) if late else Replay(1, 0, None)
+    due_by_now = _span(job, overdue.run_at_ms, now_ms - jitter_ms + 1)
+    if job.catch_up == "run_all":
+        return Replay(due_by_now, 0, None)
+    _, passed = next_run(job, jitter_ms, overdue.run_at_ms, now_ms)
+    passed_over = 0 if passed is None else count_missed(job, passed)
+    first_runs = late_reason(job, overdue.due_ms, now_ms) is None
+    if job.catch_up == "deadline":
+        # The times within max_delay run, the overdue one too if it is.
+        runs = due_by_now - passed_over - (0 if first_runs else 1)
+        return Replay(runs, due_by_now - runs, "past_deadline")
+    return Replay(int(first_runs), passed_over + (0 if first_runs else 1), "skipped")
+
+
+def _span(job: Job, first_ms: int, end_ms: int) -> int:
+    return count_missed(job, MissedRuns(job.id, first_ms, end_ms, "")) if end_ms > first_ms else 0
+
+
 def late_reason(job: Job, due_ms: int, now_ms: int) -> str | None:
     """Why a run due at ``due_ms``, handed on first at ``now_ms``, does not
     run (a MissedRuns reason), or None: it runs."""
@@ -112,7 +148,7 @@ def count_missed(job: Job, missed: MissedRuns) -> int:
     while count < _COUNT_EXACTLY:
         nxt = cron.next_after(sched.expr, sched.tz, t)
         if nxt is None or nxt >= missed.end_ms:
-            return max(count, 1)
+            return count
         count, t = count + 1, nxt
     # The times so far set the pace of the rest.
     spacing = (t - missed.first_ms) / (count - 1)

@@ -4,19 +4,21 @@ memory engine on a manual clock: nothing here sleeps or reads real time)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from pysched import native
-from pysched.catchup import count_missed, late_reason, next_run
+from pysched.catchup import Replay, count_missed, late_reason, next_run, replay
 from pysched.clock import ManualClock
 from pysched.leader.recording import record_sent
 from pysched.memory import open_memory
 from pysched.model import Job
-from pysched.protocols import MissedRuns
+from pysched.protocols import MissedRuns, PlannedRun
 from pysched.registry import register
 from pysched.targets import RunContext
 from pysched.worker import DeliveryWorker, Executor, WorkerConfig
+from tests.helpers import cli
 
 T0 = 1_700_000_040_000  # a minute boundary
 MINUTE = 60_000
@@ -112,3 +114,36 @@ def test_a_worker_skips_a_run_too_late_for_its_policy_and_counts_it() -> None:
 def test_a_worker_runs_a_late_run_whose_policy_runs_it() -> None:
     key, states, ran = _deliver_late("run_once")
     assert (states, ran) == (["succeeded"], [key])
+
+
+@pytest.mark.parametrize(
+    ("policy", "runs", "missed", "reason"),
+    [
+        ("run_once", 1, 119, "skipped"),
+        ("skip", 0, 120, "skipped"),
+        ("run_all", 120, 0, None),
+        ("deadline", 10, 110, "past_deadline"),
+    ],
+)
+def test_the_dry_run_tells_what_a_leader_back_after_two_hours_replays(
+    policy: str, runs: int, missed: int, reason: str | None
+) -> None:
+    # 120 times overdue, the first at T0, just before T0 + 2 h: the last ten
+    # are within a deadline of 10 min.
+    overdue = PlannedRun(T0, T0)
+    now = T0 + 120 * MINUTE - 1
+    plan = replay(job(MINUTELY, policy, 600 if policy == "deadline" else None), 0, overdue, now)
+    assert (plan.runs, plan.missed, plan.reason if plan.missed else None) == (runs, missed, reason)
+
+
+def test_the_dry_run_of_a_late_one_shot_follows_its_policy() -> None:
+    overdue = PlannedRun(T0, T0)
+    once = {"kind": "once", "run_at_ms": T0}
+    assert replay(job(once, "skip"), 0, overdue, T0 + MINUTE + 1) == Replay(0, 1, "skipped")
+    assert replay(job(once, "run_once"), 0, overdue, T0 + 60 * MINUTE) == Replay(1, 0, None)
+
+
+def test_catch_up_without_dry_run_is_refused(tmp_path: Path) -> None:
+    proc = cli("catch-up", db=tmp_path / "x.db", check=False)
+    assert proc.returncode == 2 and "--dry-run" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.db").exists()

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from pysched.cli import breakers, deadletters, jobs, node, preview
+from pysched.cli import breakers, catchup, deadletters, jobs, node, preview
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -21,6 +21,7 @@ node.register_commands(app)
 preview.register_commands(app)
 deadletters.register_commands(app)
 breakers.register_commands(app)
+catchup.register_commands(app)
 
 
 def main() -> None:
