@@ -11,7 +11,7 @@ import pytest
 
 from pysched.clock import ManualClock
 from pysched.leader.cache import RunCache
-from pysched.protocols import SETTLE_MS
+from pysched.protocols import SETTLE_MS, MissedRuns
 from pysched.sim.invariants import check_runs
 from pysched.sim.ledger import Execution, Ledger
 from pysched.sim.runner import SimConfig, simulate
@@ -93,14 +93,25 @@ def test_the_watermark_hole_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -
 
 def test_the_checker_names_each_kind_of_violation() -> None:
     ledger = Ledger(ManualClock(0))
-    owed = [OwedRun("a", "a", 1_000), OwedRun("b", "b", 1_000), OwedRun("c", "c", 10_000), OwedRun("d", "d", 1_000)]
+    owed = [
+        OwedRun("a", "a", 1_000, 1_000),
+        OwedRun("b", "b", 1_000, 1_000),
+        OwedRun("c", "c", 10_000, 10_000),
+        OwedRun("d", "d", 1_000, 1_000),
+        OwedRun("e", "e", 1_000, 1_000),
+        OwedRun("f", "f", 1_000, 1_000),
+    ]
     for execution in [
         Execution("b", 1_000),
         Execution("b", 1_500),  # twice
         Execution("c", 2_000),  # 8 s early
         Execution("d", 200_000),  # late, after the faults stopped
         Execution("x", 3_000),  # owed by nobody
+        Execution("f", 1_000),  # ran, and also recorded missed
     ]:
         ledger.add(execution)
-    kinds = sorted(v.kind for v in check_runs(owed, [], ledger, quiet_from_ms=-100_000))
-    assert kinds == ["doubled", "early", "late", "lost", "unowed"]
+    # e: not run, and recorded missed: an outcome, not a violation.
+    missed = {j: [MissedRuns(j, 1_000, 1_001, "skipped")] for j in ("e", "f")}
+    violations, missed_count = check_runs(owed, [], ledger, quiet_from_ms=-100_000, missed=missed)
+    assert sorted(v.kind for v in violations) == ["doubled", "doubled", "early", "late", "lost", "unowed"]
+    assert missed_count == 1

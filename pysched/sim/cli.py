@@ -73,6 +73,7 @@ def _print(report: SimReport, seconds: float, as_json: bool) -> None:
             "ok": report.ok,
             "owed": report.owed,
             "executed": report.executed,
+            "missed": report.missed,
             "faults": report.faults,
             "failed_calls": report.failed_calls,
             "violations": len(report.violations),
@@ -85,7 +86,8 @@ def _print(report: SimReport, seconds: float, as_json: bool) -> None:
         return
     verdict = "ok" if first is None else f"{len(report.violations)} violations; first: {first.kind}: {first.detail}"
     typer.echo(
-        f"seed {report.config.seed}: {report.owed} runs owed, {report.executed} executed, {report.faults} faults,"
+        f"seed {report.config.seed}: {report.owed} runs owed, {report.executed} executed, {report.missed} missed,"
+        f" {report.faults} faults,"
         f" {report.failed_calls} failed calls, {seconds:.1f} s: {verdict}"
     )
     if first is not None:

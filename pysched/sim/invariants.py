@@ -4,10 +4,11 @@ every run on time again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pysched.memory.coordinator import FenceGrant
+from pysched.protocols import MissedRuns
 from pysched.sim.faults import MAX_SKEW_MS
 from pysched.sim.ledger import Ledger
 from pysched.sim.workload import OwedRun
@@ -48,18 +49,34 @@ class FenceWatch:
 
 
 def check_runs(
-    owed: Iterable[OwedRun], owed_later: Iterable[OwedRun], ledger: Ledger, quiet_from_ms: int
-) -> list[Violation]:
-    """``owed``: runs that must have executed by the end; ``owed_later``:
-    runs due too near the end to be judged, which may or may not have. Each
-    run owed once; both are read once (a day's runs are millions: no set of
-    them is kept)."""
+    owed: Iterable[OwedRun],
+    owed_later: Iterable[OwedRun],
+    ledger: Ledger,
+    quiet_from_ms: int,
+    missed: Mapping[str, Sequence[MissedRuns]] | None = None,
+) -> tuple[list[Violation], int]:
+    """``owed``: runs that must have executed by the end, or been recorded
+    missed with a reason (``missed``: the store's spans by job);
+    ``owed_later``: runs due too near the end to be judged, which may or may
+    not have. Each run owed once; both are read once (a day's runs are
+    millions: no set of them is kept). Returns the violations and how many
+    runs owed were recorded missed: each nominal time ends in exactly one
+    recorded outcome."""
     first_start = ledger.first_start
     first_try = ledger.first_try  # a flaky run is on time when its first attempt is
+    spans = missed or {}
     out: list[Violation] = []
     known = 0  # runs owed that executed: every key the ledger holds, unless one is unowed
+    missed_count = 0
     for run in owed:
         started = first_start.get(run.key)
+        reason = _missed_reason(spans.get(run.job_id, ()), run.run_at_ms)
+        if reason is not None:
+            if started is not None:
+                out.append(Violation("doubled", f"{run.key} ran and was also recorded missed ({reason})", started))
+            else:
+                missed_count += 1
+            continue
         if started is None:
             out.append(Violation("lost", f"{run.key} (due {run.due_ms}) never ran", run.due_ms))
             continue
@@ -88,4 +105,11 @@ def check_runs(
         for key, started in first_start.items():
             if key not in owed_keys:
                 out.append(Violation("unowed", f"{key} ran {ledger.count(key)} times but no schedule owes it", started))
-    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
+    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail)), missed_count
+
+
+def _missed_reason(spans: Sequence[MissedRuns], run_at_ms: int) -> str | None:
+    for span in spans:
+        if span.first_ms <= run_at_ms < span.end_ms:
+            return span.reason
+    return None

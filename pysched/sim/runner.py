@@ -6,6 +6,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
+from pysched.protocols import MissedRuns
 from pysched.registry import register_many
 from pysched.sim.faults import KINDS, MAX_SKEW_MS, plan_faults
 from pysched.sim.invariants import FenceWatch, Violation, check_runs
@@ -45,6 +46,7 @@ class SimReport:
     config: SimConfig
     owed: int = 0
     executed: int = 0
+    missed: int = 0  # runs owed that were recorded missed, with a reason
     faults: int = 0
     failed_calls: int = 0
     violations: list[Violation] = field(default_factory=list)
@@ -79,7 +81,11 @@ def simulate(config: SimConfig) -> SimReport:
         owed = OwedRuns(jobs, START_MS, judged_until)
         # A node whose clock runs ahead may start a run due just past the end.
         later = OwedRuns(jobs, START_MS, end + MAX_SKEW_MS, after_ms=judged_until)
-        report.violations += check_runs(owed, later, ledger, plan.quiet_from_ms)
+        missed: dict[str, list[MissedRuns]] = {}
+        for span in world.cluster.schedule.missed.values():
+            missed.setdefault(span.job_id, []).append(span)
+        violations, report.missed = check_runs(owed, later, ledger, plan.quiet_from_ms, missed)
+        report.violations += violations
         report.owed = owed.count if owed.count is not None else sum(1 for _ in owed)
         report.executed = ledger.executed
         report.digest = ledger.digest()

@@ -20,11 +20,13 @@ _KINDS: tuple[tuple[str, float], ...] = (("minutely", 0.01), ("hourly", 0.3), ("
 
 @dataclass(frozen=True, slots=True)
 class OwedRun:
-    """A nominal fire time of a job: it must run exactly once."""
+    """A nominal fire time of a job: it must run exactly once, or be
+    recorded missed with a reason."""
 
     key: str
     job_id: str
     due_ms: int
+    run_at_ms: int
 
 
 # A flaky job's retry policy: short, so that its runs succeed within the
@@ -71,13 +73,13 @@ def owed_runs(job: Job, registered_ms: int, until_ms: int, after_ms: int | None 
     match job.schedule:
         case OnceSchedule(run_at_ms=run_at):
             if run_at + jitter <= until_ms and (after_ms is None or run_at + jitter > after_ms):
-                yield OwedRun(idempotency_key(job.id, run_at, 0), job.id, run_at + jitter)
+                yield OwedRun(idempotency_key(job.id, run_at, 0), job.id, run_at + jitter, run_at)
         case CronSchedule(expr=expr, tz=tz):
             # A fire after ``after_ms - jitter`` is due after ``after_ms``.
             since = registered_ms if after_ms is None else max(registered_ms, after_ms - jitter)
             t = cron.next_after(expr, tz, since)
             while t is not None and t + jitter <= until_ms:
-                yield OwedRun(idempotency_key(job.id, t, 0), job.id, t + jitter)
+                yield OwedRun(idempotency_key(job.id, t, 0), job.id, t + jitter, t)
                 t = cron.next_after(expr, tz, t)
 
 
