@@ -7,6 +7,7 @@
     redis = "redis://127.0.0.1:6379/0"
     keyspace = "pysched"            # optional from here on
     topic = "pysched-dispatch"
+    dead_letter_topic = "pysched-dispatch-dead-letters"  # runs that failed for good, announced
     partitions = 64                 # only when the keyspace is created; see below
     kafka_partitions = 16
     history_days = 7                # finished runs older than this are pruned (0: never)
@@ -61,6 +62,8 @@ class ClusterConfig(BaseModel):
     redis: str = Field(description="redis:// URL")
     keyspace: str = Field(default="pysched", pattern=r"^[a-z][a-z0-9_]{0,47}$")
     topic: str = Field(default="pysched-dispatch", pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    # Where runs that failed for good are announced; None: TOPIC-dead-letters.
+    dead_letter_topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
     partitions: int | None = Field(
         default=None, ge=1, le=4096, description="a new keyspace's count (default 64); must match an existing one"
     )

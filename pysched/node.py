@@ -18,7 +18,7 @@ from pysched.config import ClusterConfig
 from pysched.coord.local import SQLiteLeaseCoordinator
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched
-from pysched.protocols import Coordinator, Dispatcher, IdempotencyClaims, Lease, ScheduleStore
+from pysched.protocols import Coordinator, DeadLetterSink, Dispatcher, IdempotencyClaims, Lease, ScheduleStore
 from pysched.retention import HistoryPruner, Retention
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import Access, SQLiteDatabase
@@ -50,6 +50,9 @@ class Backends:
     # How long the history the node prunes is kept: the cluster's comes
     # with its configuration.
     retention: Retention = field(default_factory=Retention, kw_only=True)
+    # Where runs that failed for good are announced besides the store: the
+    # cluster's Kafka topic; the embedded engine has its store alone.
+    dead_letters: DeadLetterSink | None = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -85,6 +88,7 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
     a partition count other than the keyspace's, PartitionsMismatch."""
     # Imported here: only a cluster node needs the drivers.
     from pysched.claims.redis_cassandra import RedisCassandraClaims, connect_redis
+    from pysched.dispatch.dead_letters import KafkaDeadLetters
     from pysched.dispatch.kafka import KafkaDispatcher, ensure_topic
     from pysched.stores.cassandra import CassandraScheduleStore, connect
 
@@ -115,8 +119,10 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
     dispatcher = KafkaDispatcher(config)
     if coordinator:
         dispatcher.warm_up()
+    dead_letters = KafkaDeadLetters(config)
 
     def close() -> None:
+        dead_letters.close()
         dispatcher.close()
         for closer in closers:
             closer()
@@ -124,7 +130,7 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
         session.cluster.shutdown()
 
     retention = Retention(days=config.history_days, keep_per_job=config.history_keep)
-    return Backends(store, claims, coord, dispatcher, close, retention=retention)
+    return Backends(store, claims, coord, dispatcher, close, retention=retention, dead_letters=dead_letters)
 
 
 def open_cluster_store(
@@ -191,7 +197,13 @@ class Node:
             on_dispatch,
         )
         self.workers = WorkerPool(
-            backends.dispatcher, backends.claims, backends.store, self.clock, self.holder, worker_config
+            backends.dispatcher,
+            backends.claims,
+            backends.store,
+            self.clock,
+            self.holder,
+            worker_config,
+            dead_letters=backends.dead_letters,
         )
         self.pruner = HistoryPruner(backends.store, self.clock, backends.retention)
 

@@ -379,6 +379,20 @@ Registration = tuple[Job, int, int, PlannedRun | None]
 Fences = Mapping[int, int]
 
 
+class DeadLetterSink(Protocol):
+    """Where a run that failed for good is also announced (on a cluster, a
+    Kafka topic), for consumers outside pysched; the store stays the record
+    (``pysched dlq``). At least once: a consumer tells copies apart by the
+    run's idempotency key."""
+
+    def publish(self, run: RunRecord, now_ms: int) -> None:
+        """Announce ``run``, a dead letter read back with its failed
+        attempts; raises when it could not be."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class ScheduleStore(Protocol):
     """Job definitions, the schedule of runs, and their history."""
 

@@ -36,18 +36,23 @@ class DispatchError(RuntimeError):
     """Some records were not acknowledged by the broker."""
 
 
-def ensure_topic(config: ClusterConfig, timeout_s: float = 30, connect_timeout_s: float = 10) -> None:
+def ensure_topic(
+    config: ClusterConfig, timeout_s: float = 30, connect_timeout_s: float = 10, topic: str | None = None
+) -> None:
+    """Create the dispatch topic (or ``topic``, with as many partitions) if
+    missing."""
+    name = topic or config.topic
     admin = AdminClient({"bootstrap.servers": config.kafka, "log_level": 0})
     try:
         metadata = admin.list_topics(timeout=connect_timeout_s)
     except KafkaException as exc:
         raise ConnectionError(f"kafka at {config.kafka} is unreachable: {exc}") from None
-    if config.topic in metadata.topics:
+    if name in metadata.topics:
         return
     futures = admin.create_topics(
         [
             NewTopic(
-                config.topic,
+                name,
                 num_partitions=config.kafka_partitions,
                 replication_factor=config.replication_factor,
                 config={"message.timestamp.type": "LogAppendTime"},

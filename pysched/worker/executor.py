@@ -42,6 +42,7 @@ from pysched.model import Job
 from pysched.protocols import (
     Claim,
     ClaimOutcome,
+    DeadLetterSink,
     FailedAttempt,
     IdempotencyClaims,
     JobNotFound,
@@ -107,8 +108,10 @@ class Executor:
         holder: str,
         config: WorkerConfig | None = None,
         rng: random.Random | None = None,
+        dead_letters: DeadLetterSink | None = None,
     ) -> None:
         self.claims = claims
+        self.dead_letters = dead_letters
         self._rng = rng or random.Random()
         self.store = store
         self.clock = clock
@@ -370,7 +373,20 @@ class Executor:
             end.result,
         )
         self.store.run_failed(record._replace(attempt=attempt), failure, retry_due_ms)
+        if retry_due_ms is None and self.dead_letters is not None:
+            self._announce_dead_letter(record)
         return retry_due_ms
+
+    def _announce_dead_letter(self, record: DispatchRecord) -> None:
+        """After the store has it: a failure to announce loses nothing the
+        store holds, and is logged."""
+        assert self.dead_letters is not None
+        try:
+            run = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group)
+            if run.state == "failed":
+                self.dead_letters.publish(run, self.clock.now_ms())
+        except Exception as exc:
+            log.warning("could not announce the dead letter %s: %s", record.idempotency_key, exc)
 
     def _interrupted_before_start(self, execution: Execution, by_interrupt: bool) -> None:
         """Its target will not start. Marked by ``interrupt``, which records

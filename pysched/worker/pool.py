@@ -23,7 +23,14 @@ from collections.abc import Callable
 
 from pysched import native
 from pysched.clock import Clock
-from pysched.protocols import ClaimOutcome, DispatchConsumer, Dispatcher, IdempotencyClaims, ScheduleStore
+from pysched.protocols import (
+    ClaimOutcome,
+    DeadLetterSink,
+    DispatchConsumer,
+    Dispatcher,
+    IdempotencyClaims,
+    ScheduleStore,
+)
 from pysched.shell import stop_commands
 from pysched.worker.config import WorkerConfig
 from pysched.worker.executor import Executor
@@ -42,11 +49,12 @@ class WorkerPool:
         holder: str,
         config: WorkerConfig | None = None,
         rng: random.Random | None = None,
+        dead_letters: DeadLetterSink | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.clock = clock
         self.config = config or WorkerConfig()
-        self.executor = Executor(claims, store, clock, holder, self.config)
+        self.executor = Executor(claims, store, clock, holder, self.config, dead_letters=dead_letters)
         # The executor's: what the workers did, and how often the supervisor stepped in.
         self.counts: Counter[str] = self.executor.counts
         # Each worker draws its backoffs from a generator of its own, seeded
