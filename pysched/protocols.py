@@ -706,6 +706,9 @@ class Claim:
     outcome: ClaimOutcome
     result: str | None = None
     fence_floor: int = 0
+    # TAKEN_OVER: the last checkpoint an earlier execution of the run saved
+    # (save_checkpoint), JSON text; None when none was saved.
+    checkpoint: str | None = None
 
 
 class IdempotencyClaims(Protocol):
@@ -731,3 +734,12 @@ class IdempotencyClaims(Protocol):
         ...
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None: ...
+
+    def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
+        """Keep ``state`` (JSON text) as the run's checkpoint, durably, if
+        ``holder`` holds ``key``'s claim and it is running; False, and
+        nothing written, otherwise: an execution whose claim was taken over
+        (its lease ran out) must not overwrite its successor's progress. A
+        later claim that takes the run over returns it (Claim.checkpoint),
+        whatever attempt it is; it goes with the claim when pruned."""
+        ...

@@ -4,7 +4,8 @@ The command's output is streamed and only its tail is kept, so a job that
 prints gigabytes costs the node a few kilobytes. Each command runs in its own
 process group (a new session): a timeout kills the command and everything it
 started, and a node that stops its runs (``stop_commands``) asks them to end
-with SIGTERM before it kills them.
+with SIGTERM before it kills them; so does a worker that stops one run (its
+lease was lost, its job cancelled), under that run's own event.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from dataclasses import dataclass
 TAIL_BYTES = 64 * 1024
 _READ_BYTES = 64 * 1024
 
-# Each command running, with the event its caller sets to stop it.
-_running: dict[subprocess.Popen[bytes], threading.Event | None] = {}
+# Each command running, with the events under which it is stopped: its
+# node's, and its run's.
+_running: dict[subprocess.Popen[bytes], tuple[threading.Event, ...]] = {}
 _running_lock = threading.Lock()
 # How often a stop looks whether the groups it signalled have ended.
 _STOP_POLL_S = 0.05
@@ -56,11 +58,17 @@ class _Tail:
 
 
 def run_command(
-    command: str, env: Mapping[str, str], timeout_s: float | None, stopping: threading.Event | None = None
+    command: str,
+    env: Mapping[str, str],
+    timeout_s: float | None,
+    stopping: threading.Event | None = None,
+    cancelled: threading.Event | None = None,
 ) -> CommandResult:
-    """Run ``command`` with ``sh -c``. ``stopping``: set by a caller about to
-    stop its commands (stop_commands); a command that starts after it was
-    set is killed at once, so none slips past the stop."""
+    """Run ``command`` with ``sh -c``. ``stopping`` (the node's) and
+    ``cancelled`` (the run's): each set by a caller about to stop the
+    commands started under it (stop_commands); a command that starts after
+    one was set is killed at once, so none slips past the stop."""
+    events = tuple(e for e in (stopping, cancelled) if e is not None)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with subprocess.Popen(
         command,
@@ -72,10 +80,10 @@ def run_command(
         start_new_session=True,
     ) as proc:
         with _running_lock:
-            _running[proc] = stopping
+            _running[proc] = events
             # Under the lock that stop_commands takes its list with: a
             # command is either on that list or sees the event set.
-            late = stopping is not None and stopping.is_set()
+            late = any(e.is_set() for e in events)
         if late:
             _signal_group(proc, signal.SIGKILL)
         try:
@@ -100,7 +108,7 @@ def stop_commands(stopping: threading.Event, wait_s: float) -> int:
     group, up to ``wait_s`` for the groups to end, then SIGKILL to what is
     left. How many commands were running."""
     with _running_lock:
-        procs = [proc for proc, event in _running.items() if event is stopping]
+        procs = [proc for proc, events in _running.items() if any(e is stopping for e in events)]
     for proc in procs:
         _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + wait_s

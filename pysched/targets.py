@@ -15,10 +15,12 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pysched.checkpoints import CheckpointError, CheckpointRefused, decode_checkpoint, encode_checkpoint
 from pysched.model import HttpTarget, Job, PythonTarget, ShellTarget, TemporalTarget
 from pysched.records import DispatchRecord
 from pysched.shell import run_command
@@ -37,9 +39,32 @@ class RunContext:
     fence: int
     idempotency_key: str
     payload: dict[str, Any] = field(default_factory=dict)
-    # Set when the run is to stop (its timeout passed): a long Python target
-    # checks it and returns.
+    # Set when the run is to stop (its timeout passed, its lease was lost to
+    # another execution, its job was cancelled): a long Python target checks
+    # it and returns.
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    # The state the run resumes from: the last checkpoint an earlier
+    # execution of it saved (one that died, or an attempt that failed);
+    # None on a fresh run.
+    checkpoint_state: Any = None
+    # Saves a checkpoint's JSON text under the run's claim; False when the
+    # claim is no longer this execution's. None: not run by a worker.
+    save_checkpoint: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
+
+    def checkpoint(self, state: Any) -> None:
+        """Save ``state`` (JSON-serializable, at most 64 KiB encoded) durably
+        with the run, for an execution that resumes it. Raises
+        CheckpointTooLarge, CheckpointError (not JSON), and CheckpointRefused
+        when the run was taken over by another execution (``cancelled`` is
+        then set: stop)."""
+        text = encode_checkpoint(state)
+        if self.save_checkpoint is None:
+            raise CheckpointError("checkpoints are kept only for runs a worker runs")
+        if not self.save_checkpoint(text):
+            self.cancelled.set()
+            raise CheckpointRefused(
+                f"run {self.idempotency_key} is no longer this execution's: its lease ran out and it was taken over"
+            )
 
 
 @dataclass(frozen=True)
@@ -54,8 +79,18 @@ class Outcome:
     exception_names: tuple[str, ...] = ()
 
 
-def context_for(job: Job, record: DispatchRecord) -> RunContext:
+def context_for(
+    job: Job,
+    record: DispatchRecord,
+    cancelled: threading.Event | None = None,
+    checkpoint: str | None = None,
+    save_checkpoint: Callable[[str], bool] | None = None,
+) -> RunContext:
+    """The context of a run; ``checkpoint``: the JSON text it resumes from."""
     return RunContext(
+        cancelled=cancelled or threading.Event(),
+        checkpoint_state=decode_checkpoint(checkpoint),
+        save_checkpoint=save_checkpoint,
         job_id=record.job_id,
         run_id=record.run_id,
         run_at=datetime.fromtimestamp(record.run_at_ms / 1000, UTC),
@@ -130,7 +165,7 @@ def _run_shell(target: ShellTarget, ctx: RunContext, stopping: threading.Event |
         PYSCHED_IDEMPOTENCY_KEY=ctx.idempotency_key,
         PYSCHED_PAYLOAD=json.dumps(ctx.payload),
     )
-    ran = run_command(target.command, env, target.timeout_s, stopping)
+    ran = run_command(target.command, env, target.timeout_s, stopping, ctx.cancelled)
     if ran.returncode is None:
         return Outcome(False, error=f"timed out after {target.timeout_s} s", kind="timeout")
     out = ran.stdout_tail.strip()[-_OUTPUT_LIMIT:] or None

@@ -158,6 +158,11 @@ class RedisCassandraClaims:
             " IF holder = ? AND state = 'running'"
         )
         self._read = p(f"SELECT state, holder, lease_expires_ms, result FROM {ks}.claims WHERE idem_key = ?")
+        self._save_checkpoint = p(
+            f"UPDATE {ks}.claims SET checkpoint = ?, updated_at_ms = ? WHERE idem_key = ?"
+            " IF holder = ? AND state = 'running'"
+        )
+        self._read_checkpoint = p(f"SELECT checkpoint FROM {ks}.claims WHERE idem_key = ?")
 
     def _floor_key(self, partition: int) -> str:
         # Not the ":fence:" string of earlier versions: a new key starts
@@ -228,7 +233,11 @@ class RedisCassandraClaims:
             (holder, record.fence, now_ms + lease_ms, now_ms, key, row.state, row.holder, row.lease_expires_ms),
         )
         if res.was_applied:
-            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor)
+            # Read once the claim is ours: the former holder can no longer
+            # write one, so this is its last.
+            saved = self.session.execute(self._read_checkpoint, (key,)).one()
+            checkpoint = None if saved is None else saved.checkpoint
+            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=checkpoint)
         return Claim(ClaimOutcome.BUSY, fence_floor=floor)
 
     def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
@@ -251,6 +260,11 @@ class RedisCassandraClaims:
             self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S)
         else:
             self.redis.delete(self._claim_key(key))
+
+    def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
+        # A lightweight transaction on the claim's row: a take-over and this
+        # write are ordered by Paxos, and only the holder's is applied.
+        return bool(self.session.execute(self._save_checkpoint, (state, now_ms, key, holder)).was_applied)
 
     def raise_fence(self, partition: int, fence: int) -> None:
         # Cassandra first: a verified Redis floor relies on every raise that

@@ -52,7 +52,12 @@ class SQLiteClaims:
                 " updated_at_ms = ? WHERE idem_key = ?",
                 (holder, record.fence, now_ms + lease_ms, now_ms, key),
             )
-            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=max(floor, record.fence))
+            saved = conn.execute("SELECT state FROM checkpoints WHERE idem_key = ?", (key,)).fetchone()
+            return Claim(
+                ClaimOutcome.TAKEN_OVER,
+                fence_floor=max(floor, record.fence),
+                checkpoint=None if saved is None else str(saved[0]),
+            )
 
     def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
         # One transaction for the whole worker, and only the claims named: a
@@ -80,3 +85,17 @@ class SQLiteClaims:
                 "UPDATE claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ? AND holder = ?",
                 ("succeeded" if succeeded else "failed", result, now_ms, key, holder),
             )
+
+    def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
+        # Under the claim, in the transaction that checks it: a taker-over's
+        # claim update and this write are serialized by the database lock.
+        with self.db.transaction() as conn:
+            cur = conn.execute(
+                "INSERT INTO checkpoints (idem_key, state, holder, saved_at_ms)"
+                " SELECT ?, ?, ?, ? WHERE EXISTS"
+                " (SELECT 1 FROM claims WHERE idem_key = ? AND holder = ? AND state = 'running')"
+                " ON CONFLICT (idem_key) DO UPDATE SET state = excluded.state, holder = excluded.holder,"
+                " saved_at_ms = excluded.saved_at_ms",
+                (key, state, holder, now_ms, key, holder),
+            )
+            return cur.rowcount == 1

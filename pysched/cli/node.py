@@ -64,6 +64,24 @@ GraceOption = Annotated[
     ),
 ]
 
+LeaseOption = Annotated[
+    float | None,
+    typer.Option(
+        "--lease",
+        help="Seconds a running run's lease lasts without a heartbeat; heartbeats come every third of it"
+        " (default 30: renewed every 10 s). A worker that dies leaves its runs to others after this long.",
+    ),
+]
+
+
+def _lease(lease: float | None) -> tuple[int, int]:
+    """The run lease and heartbeat, in ms: --lease, else 30 s and 10 s."""
+    if lease is None:
+        return WorkerConfig.lease_ms, WorkerConfig.heartbeat_ms
+    if not (math.isfinite(lease) and 0.3 <= lease <= MAX_GRACE_S):
+        fail(f"--lease: seconds, a number from 0.3 to {MAX_GRACE_S:,}; got {lease}")
+    return round(lease * 1000), round(lease * 1000 / 3)
+
 
 BreakerFailuresOption = Annotated[
     int | None,
@@ -140,6 +158,7 @@ def _serve(
     leader_config: LeaderConfig | None = None,
     temporal_address: str | None = None,
     breaker: BreakerPolicy | None = None,
+    lease: tuple[int, int] = (WorkerConfig.lease_ms, WorkerConfig.heartbeat_ms),
 ) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
     # an error on a write, not the end of the node.
@@ -153,6 +172,8 @@ def _serve(
     sys.path.insert(0, str(Path.cwd()))
     config = WorkerConfig(
         concurrency=workers,
+        lease_ms=lease[0],
+        heartbeat_ms=lease[1],
         grace_s=grace_s,
         temporal_address=temporal_address,
         breaker=breaker or BreakerPolicy(),
@@ -244,6 +265,7 @@ def up(
     ] = None,
     breaker_failures: BreakerFailuresOption = None,
     breaker_open: BreakerOpenOption = None,
+    lease: LeaseOption = None,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
@@ -284,6 +306,7 @@ def up(
         leader_config=leading,
         temporal_address=_temporal_address(config),
         breaker=breaker,
+        lease=_lease(lease),
     )
 
 
@@ -294,6 +317,7 @@ def worker(
     grace: GraceOption = None,
     breaker_failures: BreakerFailuresOption = None,
     breaker_open: BreakerOpenOption = None,
+    lease: LeaseOption = None,
 ) -> None:
     """Run executors only, consuming the cluster's dispatch topic.
 
@@ -313,6 +337,7 @@ def worker(
         where=config,
         temporal_address=_temporal_address(config),
         breaker=breaker,
+        lease=_lease(lease),
     )
 
 

@@ -44,6 +44,7 @@ class ClaimRow:
     lease_expires_ms: int
     result: str | None
     updated_at_ms: int
+    checkpoint: str | None = None  # the last state saved under the claim
 
 
 class ClaimTables:
@@ -119,7 +120,7 @@ class MemoryClaims:
                 lease_expires_ms=now_ms + lease_ms,
                 updated_at_ms=now_ms,
             )
-            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor)
+            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=row.checkpoint)
 
     def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
         t = self.tables
@@ -152,3 +153,14 @@ class MemoryClaims:
                 return  # no longer ours: whoever took over decides
             state = "succeeded" if succeeded else "failed"
             t.rows[key] = replace_row(row, state=state, result=result, updated_at_ms=now_ms)
+
+    def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
+        t = self.tables
+        with self._op("save_checkpoint"):
+            row = t.rows.get(key)
+            # As heartbeat: the holder's running claim, expired or not,
+            # while nobody has taken it over.
+            if row is None or row.holder != holder or row.state != "running":
+                return False
+            t.rows[key] = replace_row(row, checkpoint=state, updated_at_ms=now_ms)
+            return True

@@ -214,6 +214,8 @@ SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.changes (k int, partition int, n counter, PRIMARY KEY (k, partition))",
     "CREATE TABLE IF NOT EXISTS {ks}.claims (idem_key text PRIMARY KEY, run_id bigint, state text, holder text,"
     " fence bigint, lease_expires_ms bigint, result text, updated_at_ms bigint)",
+    # The run's last checkpoint, written under the claim (claims/redis_cassandra).
+    "ALTER TABLE {ks}.claims ADD IF NOT EXISTS (checkpoint text)",
     "CREATE TABLE IF NOT EXISTS {ks}.meta (name text PRIMARY KEY, value int)",
     *breaker_tables.SCHEMA,
 ]

@@ -646,9 +646,9 @@ class SQLiteScheduleStore:
                 # A cancelled run that a reschedule revived is scheduled again.
                 if conn.execute(f"DELETE FROM runs WHERE run_id = ? AND state IN {_FINISHED}", (run_id,)).rowcount:
                     conn.execute("DELETE FROM run_failures WHERE run_id = ?", (run_id,))
-                    conn.execute(
-                        "DELETE FROM claims WHERE idem_key = ?", (idempotency_key(job_id, run_at_ms, attempt_group),)
-                    )
+                    key = idempotency_key(job_id, run_at_ms, attempt_group)
+                    conn.execute("DELETE FROM claims WHERE idem_key = ?", (key,))
+                    conn.execute("DELETE FROM checkpoints WHERE idem_key = ?", (key,))
                     deleted += 1
         return deleted
 

@@ -92,6 +92,14 @@ CREATE TABLE IF NOT EXISTS claims (
     updated_at_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS claims_by_holder ON claims (holder, state);
+-- A run's last checkpoint, by its claim's key: a table of its own, so that a
+-- file made before checkpoints gains it with the rest of the schema.
+CREATE TABLE IF NOT EXISTS checkpoints (
+    idem_key TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    saved_at_ms INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS breakers (
     downstream TEXT PRIMARY KEY,
     version INTEGER NOT NULL,

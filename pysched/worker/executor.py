@@ -9,6 +9,13 @@ claims of its executions still running, which ``heartbeat_step`` extends;
 an execution that ends without recording an outcome leaves its claim to run
 out, and the run is handed on again.
 
+A run is stopped when its execution's lease is lost (the heartbeat finds
+its claim taken over, or could not renew it within the lease) or its job is
+cancelled (``heartbeat_step``): its ``ctx.cancelled`` is set, and its shell
+command's process group is signalled. A run whose lease was lost belongs to
+the execution that took it over: this one records nothing of it, and lets
+its delivery go. A run whose job was cancelled is recorded cancelled.
+
 When its node stops past the grace period, the executor interrupts the
 executions whose runs have not ended (``interrupt``, then, once their shell
 commands are stopped, ``record_interrupted``): each claim is let go of and
@@ -30,7 +37,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
@@ -52,7 +59,8 @@ from pysched.protocols import (
 )
 from pysched.records import DispatchRecord
 from pysched.retries import retry_delay_ms
-from pysched.targets import context_for, run_target
+from pysched.shell import stop_commands
+from pysched.targets import RunContext, context_for, run_target
 from pysched.worker.config import WorkerConfig
 from pysched.worker.downstreams import DownstreamGuard
 
@@ -97,6 +105,15 @@ class Execution:
     # Whether its retry budget was asked, and what it said: the question is
     # asked once, however often recording its failure is repeated.
     retry_granted: bool | None = None
+    # The checkpoint it resumes from (JSON text), when it took the run over.
+    checkpoint: str | None = None
+    # When its claim's lease was last known renewed (claimed or extended).
+    renewed_at_ms: int = 0
+    # Set to stop its run (the target's ctx.cancelled), and why; lease_lost:
+    # the run is another execution's now.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    stop_reason: str | None = None
+    lease_lost: bool = False
 
 
 class Executor:
@@ -156,18 +173,77 @@ class Executor:
     def heartbeat_step(self, now_ms: int) -> int:
         """Extend the leases of the claims of the executions running, in one
         call; how many were extended. A failure is logged and left to the
-        next beat: a lease outlives several."""
+        next beat: a lease outlives several. A run whose lease is lost (its
+        claim taken over, or not renewed for a whole lease) or whose job was
+        cancelled is stopped (``stop``)."""
         with self._lock:
-            running = list(self._running.values())
+            running = [e for e in self._running.values() if not e.lease_lost]
         if not running:
             return 0
+        lease_ms = self.config.lease_ms
         try:
-            return self.claims.heartbeat(
-                [e.record.idempotency_key for e in running], [e.holder for e in running], now_ms, self.config.lease_ms
-            )
+            keys, holders = [e.record.idempotency_key for e in running], [e.holder for e in running]
+            extended = self.claims.heartbeat(keys, holders, now_ms, lease_ms)
+            lost = [] if extended == len(running) else self._not_extended(running, now_ms)
         except Exception as exc:
             log.warning("heartbeat failed, will retry: %s", exc)
+            # Unrenewed for a whole lease: another worker may hold it now.
+            for execution in running:
+                if now_ms - execution.renewed_at_ms >= lease_ms:
+                    self.stop(execution, f"its lease ran out: not renewed for {lease_ms / 1000:g} s", lease_lost=True)
             return 0
+        for execution in running:
+            if execution in lost:
+                self.stop(execution, "its lease was lost: its claim was taken over", lease_lost=True)
+            else:
+                execution.renewed_at_ms = now_ms
+        self._stop_cancelled_jobs([e for e in running if e not in lost])
+        return extended
+
+    def _not_extended(self, running: Sequence[Execution], now_ms: int) -> list[Execution]:
+        """Which of ``running`` a heartbeat did not extend: each asked alone
+        (rare: only when the batch came back short)."""
+        lease_ms = self.config.lease_ms
+        return [
+            e
+            for e in running
+            if e.ended is None and self.claims.heartbeat([e.record.idempotency_key], [e.holder], now_ms, lease_ms) == 0
+        ]
+
+    def _stop_cancelled_jobs(self, running: Sequence[Execution]) -> None:
+        """Stop the runs whose job was cancelled (``pysched cancel``) while
+        they ran: one read per job, at each beat."""
+        jobs = {e.record.job_id for e in running if e.stop_reason is None and e.ended is None}
+        for job_id in jobs:
+            try:
+                cancelled = self.store.get_job(job_id).state == "cancelled"
+            except JobNotFound:
+                cancelled = True
+            except Exception as exc:
+                log.warning("could not read job %s, will look again: %s", job_id, exc)
+                continue
+            if cancelled:
+                for execution in running:
+                    if execution.record.job_id == job_id:
+                        self.stop(execution, "its job was cancelled while it ran")
+
+    def stop(self, execution: Execution, why: str, lease_lost: bool = False) -> None:
+        """Stop ``execution``'s run: ``ctx.cancelled`` for a Python target,
+        SIGTERM to its shell command's process group (SIGKILL after
+        ``kill_after_s``). A run whose lease was lost is dropped as an
+        interrupted one is (nothing recorded, its delivery let go): it is the
+        execution that took it over's to record."""
+        with self._lock:
+            if execution.stop_reason is not None:
+                return
+            execution.stop_reason = why
+            if lease_lost:
+                execution.lease_lost = execution.interrupted = True
+        execution.cancelled.set()
+        self.count("lease_lost" if lease_lost else "stopped")
+        record = execution.record
+        log.warning("stopping %s run_at=%d (%s): %s", record.job_id, record.run_at_ms, execution.holder, why)
+        stop_commands(execution.cancelled, self.config.kill_after_s)
 
     def attempt(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:
         """One attempt at each execution: claim, run and record, or, once its
@@ -189,8 +265,13 @@ class Executor:
             with self._lock:
                 if execution.interrupted:
                     # Recorded interrupted, and perhaps already delivered
-                    # again: this outcome came too late to count.
+                    # again (or taken over: its lease was lost): this
+                    # outcome came too late to count.
                     return outcomes
+                if ended is not None and ended.state in ("succeeded", "failed") and execution.stop_reason:
+                    # Stopped because its job was cancelled: whatever the
+                    # target made of it, the run was cancelled.
+                    ended = Ended("cancelled", f"cancelled: {execution.stop_reason}", ended.result, ended.at_ms)
                 execution.ended = ended
         self._record([e for e in executions if e.ended is not None])
         return outcomes
@@ -240,6 +321,9 @@ class Executor:
                 if claim.outcome in _RUN:
                     # Extended by the heartbeat until the execution ends.
                     self._running[execution.holder] = execution
+                    execution.renewed_at_ms = now_ms
+                    if claim.outcome is ClaimOutcome.TAKEN_OVER:
+                        execution.checkpoint = claim.checkpoint
         for execution, claim in zip(executions, claims, strict=True):
             if claim.outcome is ClaimOutcome.SUCCEEDED:
                 # Its history may not say so: the node that ran it may have
@@ -326,7 +410,7 @@ class Executor:
         self.downstreams.called(downstream)
         outcome = run_target(
             job,
-            context_for(job, record._replace(attempt=execution.attempt)),
+            self._context(execution, job),
             self.interrupting,
             self.config.temporal_address,
         )
@@ -339,6 +423,17 @@ class Executor:
             outcome.kind,
             outcome.exception_names,
         )
+
+    def _context(self, execution: Execution, job: Job) -> RunContext:
+        """The target's context: the execution's stop event, the checkpoint
+        it resumes from, and its checkpoints saved under its claim."""
+        key, holder = execution.record.idempotency_key, execution.holder
+
+        def save(state: str) -> bool:
+            return self.claims.save_checkpoint(key, holder, state, self.clock.now_ms())
+
+        record = execution.record._replace(attempt=execution.attempt or execution.record.attempt)
+        return context_for(job, record, execution.cancelled, execution.checkpoint, save)
 
     def _record_failure(self, execution: Execution, end: Ended) -> int | None:
         """Record a failed attempt, and when the run is tried again (None:
@@ -392,6 +487,8 @@ class Executor:
         """Its target will not start. Marked by ``interrupt``, which records
         it, the run's history is written again: that may have been written
         before this start made the run running. Else this records it."""
+        if execution.lease_lost:
+            return  # the run is the execution's that took it over
         why = "the node stopped before it started"
         if not by_interrupt:
             self.record_interrupted([execution], why)
