@@ -24,8 +24,9 @@ from dataclasses import dataclass
 TAIL_BYTES = 64 * 1024
 _READ_BYTES = 64 * 1024
 
-# Each command running, with the event its caller sets to stop it.
-_running: dict[subprocess.Popen[bytes], threading.Event | None] = {}
+# Each command running, with the events that stop it: its node's, and its
+# own run's (set when the run is cancelled, as a replaced run is).
+_running: dict[subprocess.Popen[bytes], tuple[threading.Event | None, ...]] = {}
 _running_lock = threading.Lock()
 # How often a stop looks whether the groups it signalled have ended.
 _STOP_POLL_S = 0.05
@@ -56,11 +57,16 @@ class _Tail:
 
 
 def run_command(
-    command: str, env: Mapping[str, str], timeout_s: float | None, stopping: threading.Event | None = None
+    command: str,
+    env: Mapping[str, str],
+    timeout_s: float | None,
+    stopping: threading.Event | None = None,
+    cancelled: threading.Event | None = None,
 ) -> CommandResult:
     """Run ``command`` with ``sh -c``. ``stopping``: set by a caller about to
     stop its commands (stop_commands); a command that starts after it was
-    set is killed at once, so none slips past the stop."""
+    set is killed at once, so none slips past the stop. ``cancelled``: the
+    same for this command alone (its run was cancelled)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with subprocess.Popen(
         command,
@@ -72,10 +78,10 @@ def run_command(
         start_new_session=True,
     ) as proc:
         with _running_lock:
-            _running[proc] = stopping
+            _running[proc] = (stopping, cancelled)
             # Under the lock that stop_commands takes its list with: a
             # command is either on that list or sees the event set.
-            late = stopping is not None and stopping.is_set()
+            late = any(event is not None and event.is_set() for event in (stopping, cancelled))
         if late:
             _signal_group(proc, signal.SIGKILL)
         try:
@@ -100,7 +106,7 @@ def stop_commands(stopping: threading.Event, wait_s: float) -> int:
     group, up to ``wait_s`` for the groups to end, then SIGKILL to what is
     left. How many commands were running."""
     with _running_lock:
-        procs = [proc for proc, event in _running.items() if event is stopping]
+        procs = [proc for proc, events in _running.items() if any(event is stopping for event in events)]
     for proc in procs:
         _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + wait_s

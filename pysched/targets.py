@@ -37,8 +37,8 @@ class RunContext:
     fence: int
     idempotency_key: str
     payload: dict[str, Any] = field(default_factory=dict)
-    # Set when the run is to stop (its timeout passed): a long Python target
-    # checks it and returns.
+    # Set when the run is to stop (its timeout passed, or a newer run of
+    # the job replaced it): a long Python target checks it and returns.
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -130,7 +130,7 @@ def _run_shell(target: ShellTarget, ctx: RunContext, stopping: threading.Event |
         PYSCHED_IDEMPOTENCY_KEY=ctx.idempotency_key,
         PYSCHED_PAYLOAD=json.dumps(ctx.payload),
     )
-    ran = run_command(target.command, env, target.timeout_s, stopping)
+    ran = run_command(target.command, env, target.timeout_s, stopping, ctx.cancelled)
     if ran.returncode is None:
         return Outcome(False, error=f"timed out after {target.timeout_s} s", kind="timeout")
     out = ran.stdout_tail.strip()[-_OUTPUT_LIMIT:] or None
