@@ -30,7 +30,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
@@ -39,6 +39,7 @@ from pysched.catchup import late_reason
 from pysched.clock import Clock
 from pysched.downstream import downstream_of
 from pysched.model import Job
+from pysched.overlap import OWED, SlotHold, Verdict, waiting_reason
 from pysched.protocols import (
     Claim,
     ClaimOutcome,
@@ -51,6 +52,7 @@ from pysched.protocols import (
 )
 from pysched.records import DispatchRecord
 from pysched.retries import retry_delay_ms
+from pysched.shell import stop_commands
 from pysched.targets import context_for, run_target
 from pysched.worker.config import WorkerConfig
 from pysched.worker.downstreams import DownstreamGuard
@@ -96,6 +98,11 @@ class Execution:
     # Whether its retry budget was asked, and what it said: the question is
     # asked once, however often recording its failure is repeated.
     retry_granted: bool | None = None
+    # Its hold on its job's running slot (overlap policy), while it has one.
+    slot: SlotHold | None = None
+    # Set to stop its target (its ctx.cancelled), and why it was.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    replaced: bool = False
 
 
 class Executor:
@@ -158,6 +165,7 @@ class Executor:
             running = list(self._running.values())
         if not running:
             return 0
+        self._extend_slots(running, now_ms)
         try:
             return self.claims.heartbeat(
                 [e.record.idempotency_key for e in running], [e.holder for e in running], now_ms, self.config.lease_ms
@@ -165,6 +173,40 @@ class Executor:
         except Exception as exc:
             log.warning("heartbeat failed, will retry: %s", exc)
             return 0
+
+    def _extend_slots(self, running: Sequence[Execution], now_ms: int) -> None:
+        """Extend the running slots of the runs holding one, with their
+        claims' lease: a run that lost its slot (replaced by a newer run, or
+        its lease ran out and another run took it) is stopped."""
+        holding = {e.slot: e for e in running if e.slot is not None}
+        if not holding:
+            return
+        try:
+            lost = self.store.extend_slots(list(holding), now_ms, self.config.lease_ms)
+        except Exception as exc:
+            log.warning("extending running slots failed, will retry: %s", exc)
+            return
+        for hold in lost:
+            self._stop_replaced(holding[hold])
+
+    def _stop_replaced(self, execution: Execution) -> None:
+        """Stop a run that a newer run of its job replaced: ``ctx.cancelled``
+        for a Python target, and its shell command's process group, asked
+        with SIGTERM and killed after ``kill_after_s``, in a thread of its
+        own (the caller is a worker or the heartbeat)."""
+        with self._lock:
+            if execution.replaced or execution.ended is not None:
+                return
+            execution.replaced = True
+            execution.slot = None  # no longer its to let go of
+        execution.cancelled.set()
+        log.warning("replacing %s run_at=%d: a newer run started", execution.record.job_id, execution.record.run_at_ms)
+        threading.Thread(
+            target=stop_commands,
+            args=(execution.cancelled, self.config.kill_after_s),
+            name="pysched-replace",
+            daemon=True,
+        ).start()
 
     def attempt(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:
         """One attempt at each execution: claim, run and record, or, once its
@@ -221,6 +263,7 @@ class Executor:
                 continue
             self.count("interrupted")
             log.warning("interrupted %s run_at=%d attempt=%d: %s", record.job_id, record.run_at_ms, record.attempt, why)
+        self._release_slots(executions, now_ms)
         self.end(executions)
 
     def _claim(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:
@@ -295,6 +338,9 @@ class Executor:
                 f" max delay of {job.max_delay_ms / 1000:g} s (catch-up {job.catch_up})"
             )
             return Ended("missed", error, None, now_ms, kind=late)
+        blocked = self._take_slot(execution, job_record.job, first_claim, now_ms)
+        if blocked is not None:
+            return blocked
         downstream = downstream_of(job_record.job.target)
         admission = self.downstreams.admit(downstream)
         if admission.park_until_ms is not None:
@@ -317,12 +363,12 @@ class Executor:
             return None
         job = job_record.job
         self.downstreams.called(downstream)
-        outcome = run_target(
-            job,
-            context_for(job, record._replace(attempt=execution.attempt)),
-            self.interrupting,
-            self.config.temporal_address,
-        )
+        ctx = replace(context_for(job, record._replace(attempt=execution.attempt)), cancelled=execution.cancelled)
+        outcome = run_target(job, ctx, self.interrupting, self.config.temporal_address)
+        if execution.replaced:
+            # Stopped by us, not failed: its downstream is not to blame.
+            error = "replaced: a newer run of the job started while this one ran (overlap replace)"
+            return Ended("cancelled", error, outcome.result, self.clock.now_ms())
         self.downstreams.ended(downstream, outcome.kind, outcome.succeeded)
         return Ended(
             "succeeded" if outcome.succeeded else "failed",
@@ -332,6 +378,46 @@ class Executor:
             outcome.kind,
             outcome.exception_names,
         )
+
+    def _take_slot(self, execution: Execution, job: Job, first_claim: bool, now_ms: int) -> Ended | None:
+        """The job's overlap policy (overlap.py): None when the run may
+        start (holding the job's slot, unless the policy is allow), else
+        how it ends now: missed, or parked waiting for the slot. A run that
+        is not a fresh fire is owed, and waits rather than being missed."""
+        if job.overlap == "allow":
+            return None
+        record = execution.record
+        policy = job.overlap if first_claim else OWED
+        take = self.store.take_slot(record, execution.holder, policy, now_ms, self.config.lease_ms)
+        if take.verdict is Verdict.MISS:
+            error = f"missed: the previous run of {job.id} was still running (overlap {job.overlap})"
+            return Ended("missed", error, None, now_ms, kind="overlap")
+        if take.verdict is Verdict.WAIT:
+            until_ms = take.until_ms if take.until_ms is not None else now_ms + self.config.lease_ms
+            return Ended("parked", waiting_reason(job.id), None, now_ms, kind="overlap", parked_until_ms=until_ms)
+        execution.slot = SlotHold(record.job_id, record.idempotency_key, execution.holder)
+        if take.replaced is not None:
+            # Held on this node: stopped at once; elsewhere, its worker
+            # finds it lost at its next heartbeat (_extend_slots).
+            with self._lock:
+                local = self._running.get(take.replaced.holder)
+            if local is not None and local is not execution:
+                self._stop_replaced(local)
+        return None
+
+    def _release_slots(self, executions: Sequence[Execution], now_ms: int) -> None:
+        """Let go of the running slots the ended runs hold (waking the run
+        waiting for one). A failure is logged: the slot's lease runs out."""
+        for execution in executions:
+            hold = execution.slot
+            if hold is None:
+                continue
+            try:
+                self.store.release_slot(hold, now_ms)
+            except Exception as exc:
+                log.warning("could not let go of the running slot of %s: %s", hold.job_id, exc)
+                continue
+            execution.slot = None
 
     def _record_failure(self, execution: Execution, end: Ended) -> int | None:
         """Record a failed attempt, and when the run is tried again (None:
@@ -409,8 +495,12 @@ class Executor:
                 self.store.run_parked(execution.record, end.parked_until_ms, end.error or "parked", end.at_ms)
             elif end.state is not None:
                 self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
+        self._release_slots([e for e, _ in ended], self.clock.now_ms())
         for execution, end in ended:
-            self.count(end.state if end.state in ("succeeded", "failed", "missed", "parked") else "cancelled")
+            if end.state == "parked" and end.kind == "overlap":
+                self.count("waiting")  # for its job's previous run, not a breaker
+            else:
+                self.count(end.state if end.state in ("succeeded", "failed", "missed", "parked") else "cancelled")
             job_id = execution.record.job_id
             if end.state == "missed":
                 log.info("missed %s run_at=%d: %s", job_id, execution.record.run_at_ms, end.error)
