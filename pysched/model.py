@@ -158,6 +158,8 @@ class RetryPolicy(_Strict):
 CatchUp = Literal["skip", "run_once", "run_all", "deadline"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run_once", "run_all", "deadline")
 DEFAULT_MAX_DELAY_S = 60.0
+Overlap = Literal["allow", "forbid", "replace", "buffer_one"]
+OVERLAP_POLICIES: tuple[Overlap, ...] = ("allow", "forbid", "replace", "buffer_one")
 
 
 class Job(_Strict):
@@ -176,6 +178,11 @@ class Job(_Strict):
     # CronJob's startingDeadlineSeconds); None: DEFAULT_MAX_DELAY_S.
     max_delay_s: float | None = Field(default=None, gt=0, le=30 * 86_400, allow_inf_nan=False)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    # What a run due while the job's previous run still runs does (see
+    # pysched/overlap.py): allow (the default, as a CronJob's
+    # concurrencyPolicy and Celery beat: runs may overlap, and no job pays
+    # for a per-job slot it did not ask for), forbid, replace or buffer_one.
+    overlap: Overlap = "allow"
 
     @property
     def max_delay_ms(self) -> int:

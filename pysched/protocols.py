@@ -12,7 +12,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from pysched.model import Job
+from pysched.model import Job, Overlap
+from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.records import DispatchRecord, idempotency_key
 
 
@@ -225,7 +226,8 @@ class RunRecord:
     # retrying: failed, and owed again as the next attempt at ``due_ms``, or
     # missed: handed on too late for its job's catch-up policy, never run, or
     # parked: not started, its downstream's circuit breaker being open, and
-    # owed again at ``due_ms`` (when the breaker lets runs through again).
+    # owed again at ``due_ms`` (when the breaker lets runs through again),
+    # or waiting for its job's previous run to end (overlap buffer_one).
     state: str
     attempt: int
     fence: int | None
@@ -565,6 +567,34 @@ class ScheduleStore(Protocol):
         attempt is recorded and the run's retries are untouched. A run that
         succeeded, was cancelled or started meanwhile keeps its state; a
         run whose job was cancelled ends cancelled."""
+        ...
+
+    def take_slot(
+        self, record: DispatchRecord, holder: str, policy: Overlap | str, now_ms: int, lease_ms: int
+    ) -> SlotTake:
+        """Decide, by the job's overlap ``policy`` (or overlap.OWED), whether
+        ``record`` may start now that its job's running slot is as stored,
+        in one conditional write (overlap.decide): RUN takes the slot for
+        ``holder`` until ``now_ms + lease_ms`` (under replace, from the run
+        holding it, returned as ``replaced``); WAIT (buffer_one) records the
+        run as the one waiting; MISS writes nothing."""
+        ...
+
+    def extend_slots(self, holds: Sequence[SlotHold], now_ms: int, lease_ms: int) -> list[SlotHold]:
+        """Extend the lease of each slot still held as ``holds`` says, in
+        one call per worker beside the claims' heartbeat; returns the holds
+        that no longer hold their slot (replaced, or taken after the lease
+        ran out): their runs are to stop."""
+        ...
+
+    def release_slot(self, hold: SlotHold, now_ms: int) -> None:
+        """The run of ``hold`` has ended: let go of its job's slot if the
+        run still holds it, and make the run waiting for it (buffer_one),
+        if it is still parked, due at ``now_ms``."""
+        ...
+
+    def running_slot(self, job_id: str) -> RunningSlot | None:
+        """The job's slot as stored (held or not), None if never written."""
         ...
 
     def breaker(self, downstream: str) -> BreakerRow:

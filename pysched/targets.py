@@ -40,8 +40,8 @@ class RunContext:
     idempotency_key: str
     payload: dict[str, Any] = field(default_factory=dict)
     # Set when the run is to stop (its timeout passed, its lease was lost to
-    # another execution, its job was cancelled): a long Python target checks
-    # it and returns.
+    # another execution, its job was cancelled, a newer run of the job
+    # replaced it): a long Python target checks it and returns.
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
     # The state the run resumes from: the last checkpoint an earlier
     # execution of it saved (one that died, or an attempt that failed);

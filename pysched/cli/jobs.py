@@ -36,7 +36,15 @@ from pysched.cli.common import (
     run_json,
     warn_without_scheduler,
 )
-from pysched.model import CATCH_UP_POLICIES, DEFAULT_MAX_DELAY_S, CronSchedule, Job, OnceSchedule, RetryPolicy
+from pysched.model import (
+    CATCH_UP_POLICIES,
+    DEFAULT_MAX_DELAY_S,
+    OVERLAP_POLICIES,
+    CronSchedule,
+    Job,
+    OnceSchedule,
+    RetryPolicy,
+)
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
 from pysched.registry import register, reschedule
 from pysched.registry import resume as resume_job
@@ -235,6 +243,16 @@ def describe_catch_up(job: Job) -> str:
     }[job.catch_up]
 
 
+def describe_overlap(job: Job) -> str:
+    return {
+        "allow": "allow: a run due while the previous one runs starts beside it",
+        "forbid": "forbid: a run due while the previous one runs is missed (counted as overlap)",
+        "replace": "replace: a run due while the previous one runs cancels it, then starts",
+        "buffer_one": "buffer_one: a run due while the previous one runs waits for it to end;"
+        " one more while one waits is missed (counted as overlap)",
+    }[job.overlap]
+
+
 def describe_missed(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in counts.items() if n) or "none"
 
@@ -331,6 +349,14 @@ def add(
             f" (default {DEFAULT_MAX_DELAY_S:g}).",
         ),
     ] = None,
+    overlap: Annotated[
+        str | None,
+        typer.Option(
+            "--overlap",
+            help="A run due while the job's previous run still runs: allow (default: both run), forbid (it is"
+            " missed), replace (the running one is cancelled), or buffer_one (it waits; at most one waits).",
+        ),
+    ] = None,
     db: DbOption = DEFAULT_DB,
     config: ConfigOption = None,
     as_json: JsonOption = False,
@@ -358,6 +384,10 @@ def add(
         spec["catch_up"] = catch_up
     if max_delay is not None:
         spec["max_delay_s"] = max_delay
+    if overlap is not None:
+        if overlap not in OVERLAP_POLICIES:
+            fail(f"--overlap: {overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}")
+        spec["overlap"] = overlap
     if payload is not None:
         spec["payload"] = _payload(payload)
     try:
@@ -443,6 +473,7 @@ def show(
         typer.echo(f"{key:>14}: {json.dumps(value) if isinstance(value, dict) else value}")
     typer.echo(f"{'retry policy':>14}: {describe_retry(rec.job.retry)}")
     typer.echo(f"{'catch-up':>14}: {describe_catch_up(rec.job)}")
+    typer.echo(f"{'overlap':>14}: {describe_overlap(rec.job)}")
     typer.echo(f"{'missed':>14}: {describe_missed(data['missed'])}")
 
 

@@ -28,11 +28,13 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from pysched import overlap
 from pysched.clock import Clock
 from pysched.memory.claims import ClaimTables
 from pysched.memory.faults import FaultHook, Guard
 from pysched.memory.rows import replace_row
-from pysched.model import Job
+from pysched.model import Job, Overlap
+from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
     NEAR_MS,
     SETTLE_MS,
@@ -167,6 +169,8 @@ class ScheduleTables:
         # (downstream, bucket, node).
         self.breakers: dict[str, BreakerRow] = {}
         self.attempt_counts: dict[tuple[str, int, str], AttemptCount] = {}
+        # The overlap policy's running slot of each job (overlap.py).
+        self.slots: dict[str, RunningSlot] = {}
 
     # -- read back by a simulator's checker ------------------------------------
 
@@ -686,6 +690,43 @@ class MemoryScheduleStore:
                 self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
             if due_ms <= now_ms + NEAR_MS:
                 self.tables.bump(record.partition)
+
+    # -- the overlap policy's running slots -----------------------------------
+
+    def take_slot(
+        self, record: DispatchRecord, holder: str, policy: Overlap | str, now_ms: int, lease_ms: int
+    ) -> SlotTake:
+        with self._op("take_slot"):
+            take, write = overlap.decide(self.tables.slots.get(record.job_id), record, holder, policy, now_ms, lease_ms)
+            if write is not None:
+                self.tables.slots[record.job_id] = write
+            return take
+
+    def extend_slots(self, holds: Sequence[SlotHold], now_ms: int, lease_ms: int) -> list[SlotHold]:
+        lost = []
+        with self._op("extend_slots"):
+            for hold in holds:
+                slot = overlap.extended(self.tables.slots.get(hold.job_id), hold, now_ms, lease_ms)
+                if slot is None:
+                    lost.append(hold)
+                else:
+                    self.tables.slots[hold.job_id] = slot
+        return lost
+
+    def release_slot(self, hold: SlotHold, now_ms: int) -> None:
+        with self._op("release_slot"):
+            slot = self.tables.slots.get(hold.job_id)
+            if not overlap.released(slot, hold):
+                return
+            assert slot is not None
+            del self.tables.slots[hold.job_id]
+            waiting = slot.waiting
+            if waiting is not None and self._run_for(waiting).state == "parked":
+                self.run_parked(waiting, now_ms, overlap.wake_reason(hold.job_id), now_ms)
+
+    def running_slot(self, job_id: str) -> RunningSlot | None:
+        with self._op("running_slot"):
+            return self.tables.slots.get(job_id)
 
     # -- circuit breakers and the retry budget ---------------------------------
 

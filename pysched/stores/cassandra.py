@@ -45,8 +45,10 @@ from cassandra.concurrent import execute_concurrent, execute_concurrent_with_arg
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
+from pysched import overlap
 from pysched.config import ClusterConfig, host_port
-from pysched.model import STORED, Job, plannable_job
+from pysched.model import STORED, Job, Overlap, plannable_job
+from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
     DEFAULT_PARTITIONS,
     NEAR_MS,
@@ -79,6 +81,7 @@ from pysched.protocols import (
 )
 from pysched.records import DispatchRecord, idempotency_key
 from pysched.stores import cassandra_breakers as breaker_tables
+from pysched.stores import cassandra_slots as slot_tables
 
 log = logging.getLogger("pysched.cassandra")
 
@@ -218,6 +221,7 @@ SCHEMA = [
     "ALTER TABLE {ks}.claims ADD IF NOT EXISTS (checkpoint text)",
     "CREATE TABLE IF NOT EXISTS {ks}.meta (name text PRIMARY KEY, value int)",
     *breaker_tables.SCHEMA,
+    *slot_tables.SCHEMA,
 ]
 
 
@@ -488,6 +492,7 @@ class CassandraScheduleStore:
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._breakers = breaker_tables.CassandraBreakers(session, ks)
+        self._slots = slot_tables.CassandraSlots(session, ks, self._wake_waiting)
         self._wm_cache: dict[int, int] = {}
 
     # -- registration ---------------------------------------------------------
@@ -1041,6 +1046,27 @@ class CassandraScheduleStore:
         self.session.execute(batch)
         if due_ms <= now_ms + NEAR_MS:
             self.session.execute(self._bump, (record.partition,))
+
+    def take_slot(
+        self, record: DispatchRecord, holder: str, policy: Overlap | str, now_ms: int, lease_ms: int
+    ) -> SlotTake:
+        return self._slots.take_slot(record, holder, policy, now_ms, lease_ms)
+
+    def extend_slots(self, holds: Sequence[SlotHold], now_ms: int, lease_ms: int) -> list[SlotHold]:
+        return self._slots.extend_slots(holds, now_ms, lease_ms)
+
+    def release_slot(self, hold: SlotHold, now_ms: int) -> None:
+        self._slots.release_slot(hold, now_ms)
+
+    def running_slot(self, job_id: str) -> RunningSlot | None:
+        return self._slots.running_slot(job_id)
+
+    def _wake_waiting(self, waiting: DispatchRecord, now_ms: int) -> None:
+        """Make a run waiting for its job's slot due now, if still parked (a
+        run delivered again since, its wait run out, keeps its state)."""
+        row = self.session.execute(self._run_state, (waiting.job_id, waiting.run_at_ms, waiting.attempt_group)).one()
+        if row is not None and row.state == "parked":
+            self.run_parked(waiting, now_ms, overlap.wake_reason(waiting.job_id), now_ms)
 
     def breaker(self, downstream: str) -> BreakerRow:
         return self._breakers.breaker(downstream)

@@ -8,7 +8,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from pysched.model import STORED, Job, plannable_job
+from pysched import overlap
+from pysched.model import STORED, Job, Overlap, plannable_job
+from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
     NEAR_MS,
     AttemptCount,
@@ -476,6 +478,68 @@ class SQLiteScheduleStore:
             ).fetchone()
             if row is not None and state == "parked" and due_ms <= now_ms + NEAR_MS:
                 self._bump(conn, int(row[0]))
+
+    # -- the overlap policy's running slots (one transaction each) ---------------
+
+    def take_slot(
+        self, record: DispatchRecord, holder: str, policy: Overlap | str, now_ms: int, lease_ms: int
+    ) -> SlotTake:
+        with self.db.transaction() as conn:
+            take, write = overlap.decide(self._slot(conn, record.job_id), record, holder, policy, now_ms, lease_ms)
+            if write is not None:
+                self._put_slot(conn, write)
+            return take
+
+    def extend_slots(self, holds: Sequence[SlotHold], now_ms: int, lease_ms: int) -> list[SlotHold]:
+        lost = []
+        with self.db.transaction() as conn:
+            for hold in holds:
+                slot = overlap.extended(self._slot(conn, hold.job_id), hold, now_ms, lease_ms)
+                if slot is None:
+                    lost.append(hold)
+                else:
+                    self._put_slot(conn, slot)
+        return lost
+
+    def release_slot(self, hold: SlotHold, now_ms: int) -> None:
+        with self.db.transaction() as conn:
+            slot = self._slot(conn, hold.job_id)
+            if slot is None or not overlap.released(slot, hold):
+                return
+            conn.execute("DELETE FROM running_slots WHERE job_id = ?", (hold.job_id,))
+            if slot.waiting is not None:
+                # Due now if still parked waiting: a run since delivered
+                # again (its wait ran out) keeps its state.
+                row = conn.execute(
+                    "UPDATE runs SET due_ms = ?, error = ? WHERE run_id = ? AND state = 'parked' RETURNING partition",
+                    (now_ms, overlap.wake_reason(hold.job_id), slot.waiting.run_id),
+                ).fetchone()
+                if row is not None:
+                    self._bump(conn, int(row[0]))
+
+    def running_slot(self, job_id: str) -> RunningSlot | None:
+        return self._slot(self.db.connection(), job_id)
+
+    @staticmethod
+    def _slot(conn: sqlite3.Connection, job_id: str) -> RunningSlot | None:
+        row = conn.execute(
+            "SELECT idem_key, holder, lease_expires_ms, waiting, version FROM running_slots WHERE job_id = ?",
+            (job_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        key, holder, lease_expires_ms, waiting, version = row
+        record = None if waiting is None else DispatchRecord(*json.loads(waiting))
+        return RunningSlot(job_id, key, holder, int(lease_expires_ms), record, int(version))
+
+    @staticmethod
+    def _put_slot(conn: sqlite3.Connection, slot: RunningSlot) -> None:
+        waiting = None if slot.waiting is None else json.dumps(list(slot.waiting))
+        conn.execute(
+            "INSERT OR REPLACE INTO running_slots (job_id, idem_key, holder, lease_expires_ms, waiting, version)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (slot.job_id, slot.key, slot.holder, slot.lease_expires_ms, waiting, slot.version),
+        )
 
     # -- circuit breakers and the retry budget ---------------------------------
 

@@ -109,6 +109,14 @@ CREATE TABLE IF NOT EXISTS breakers (
     reopens_at_ms INTEGER,
     probe_until_ms INTEGER
 );
+CREATE TABLE IF NOT EXISTS running_slots (
+    job_id TEXT PRIMARY KEY,
+    idem_key TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    lease_expires_ms INTEGER NOT NULL,
+    waiting TEXT,
+    version INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS attempt_counts (
     downstream TEXT NOT NULL,
     bucket_ms INTEGER NOT NULL,

@@ -46,6 +46,7 @@ from pysched.catchup import late_reason
 from pysched.clock import Clock
 from pysched.downstream import downstream_of
 from pysched.model import Job
+from pysched.overlap import OWED, SlotHold, Verdict, waiting_reason
 from pysched.protocols import (
     Claim,
     ClaimOutcome,
@@ -114,6 +115,9 @@ class Execution:
     cancelled: threading.Event = field(default_factory=threading.Event)
     stop_reason: str | None = None
     lease_lost: bool = False
+    # Its hold on its job's running slot (overlap policy), while it has one.
+    slot: SlotHold | None = None
+    replaced: bool = False  # stopped because a newer run of its job replaced it
 
 
 class Executor:
@@ -181,6 +185,7 @@ class Executor:
         if not running:
             return 0
         lease_ms = self.config.lease_ms
+        self._extend_slots(running, now_ms)
         try:
             keys, holders = [e.record.idempotency_key for e in running], [e.holder for e in running]
             extended = self.claims.heartbeat(keys, holders, now_ms, lease_ms)
@@ -245,6 +250,40 @@ class Executor:
         log.warning("stopping %s run_at=%d (%s): %s", record.job_id, record.run_at_ms, execution.holder, why)
         stop_commands(execution.cancelled, self.config.kill_after_s)
 
+    def _extend_slots(self, running: Sequence[Execution], now_ms: int) -> None:
+        """Extend the running slots of the runs holding one, with their
+        claims' lease: a run that lost its slot (replaced by a newer run, or
+        its lease ran out and another run took it) is stopped."""
+        holding = {e.slot: e for e in running if e.slot is not None}
+        if not holding:
+            return
+        try:
+            lost = self.store.extend_slots(list(holding), now_ms, self.config.lease_ms)
+        except Exception as exc:
+            log.warning("extending running slots failed, will retry: %s", exc)
+            return
+        for hold in lost:
+            self._stop_replaced(holding[hold])
+
+    def _stop_replaced(self, execution: Execution) -> None:
+        """Stop a run that a newer run of its job replaced: ``ctx.cancelled``
+        for a Python target, and its shell command's process group, asked
+        with SIGTERM and killed after ``kill_after_s``, in a thread of its
+        own (the caller is a worker or the heartbeat)."""
+        with self._lock:
+            if execution.replaced or execution.ended is not None:
+                return
+            execution.replaced = True
+            execution.slot = None  # no longer its to let go of
+        execution.cancelled.set()
+        log.warning("replacing %s run_at=%d: a newer run started", execution.record.job_id, execution.record.run_at_ms)
+        threading.Thread(
+            target=stop_commands,
+            args=(execution.cancelled, self.config.kill_after_s),
+            name="pysched-replace",
+            daemon=True,
+        ).start()
+
     def attempt(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:
         """One attempt at each execution: claim, run and record, or, once its
         run has ended in an earlier attempt, only record, since a run whose
@@ -305,6 +344,7 @@ class Executor:
                 continue
             self.count("interrupted")
             log.warning("interrupted %s run_at=%d attempt=%d: %s", record.job_id, record.run_at_ms, record.attempt, why)
+        self._release_slots(executions, now_ms)
         self.end(executions)
 
     def _claim(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:
@@ -386,6 +426,9 @@ class Executor:
                 f" max delay of {job.max_delay_ms / 1000:g} s (catch-up {job.catch_up})"
             )
             return Ended("missed", error, None, now_ms, kind=late)
+        blocked = self._take_slot(execution, job_record.job, first_claim, now_ms)
+        if blocked is not None:
+            return blocked
         downstream = downstream_of(job_record.job.target)
         admission = self.downstreams.admit(downstream)
         if admission.park_until_ms is not None:
@@ -414,6 +457,10 @@ class Executor:
             self.interrupting,
             self.config.temporal_address,
         )
+        if execution.replaced:
+            # Stopped by us, not failed: its downstream is not to blame.
+            error = "replaced: a newer run of the job started while this one ran (overlap replace)"
+            return Ended("cancelled", error, outcome.result, self.clock.now_ms())
         self.downstreams.ended(downstream, outcome.kind, outcome.succeeded)
         return Ended(
             "succeeded" if outcome.succeeded else "failed",
@@ -434,6 +481,46 @@ class Executor:
 
         record = execution.record._replace(attempt=execution.attempt or execution.record.attempt)
         return context_for(job, record, execution.cancelled, execution.checkpoint, save)
+
+    def _take_slot(self, execution: Execution, job: Job, first_claim: bool, now_ms: int) -> Ended | None:
+        """The job's overlap policy (overlap.py): None when the run may
+        start (holding the job's slot, unless the policy is allow), else
+        how it ends now: missed, or parked waiting for the slot. A run that
+        is not a fresh fire is owed, and waits rather than being missed."""
+        if job.overlap == "allow":
+            return None
+        record = execution.record
+        policy = job.overlap if first_claim else OWED
+        take = self.store.take_slot(record, execution.holder, policy, now_ms, self.config.lease_ms)
+        if take.verdict is Verdict.MISS:
+            error = f"missed: the previous run of {job.id} was still running (overlap {job.overlap})"
+            return Ended("missed", error, None, now_ms, kind="overlap")
+        if take.verdict is Verdict.WAIT:
+            until_ms = take.until_ms if take.until_ms is not None else now_ms + self.config.lease_ms
+            return Ended("parked", waiting_reason(job.id), None, now_ms, kind="overlap", parked_until_ms=until_ms)
+        execution.slot = SlotHold(record.job_id, record.idempotency_key, execution.holder)
+        if take.replaced is not None:
+            # Held on this node: stopped at once; elsewhere, its worker
+            # finds it lost at its next heartbeat (_extend_slots).
+            with self._lock:
+                local = self._running.get(take.replaced.holder)
+            if local is not None and local is not execution:
+                self._stop_replaced(local)
+        return None
+
+    def _release_slots(self, executions: Sequence[Execution], now_ms: int) -> None:
+        """Let go of the running slots the ended runs hold (waking the run
+        waiting for one). A failure is logged: the slot's lease runs out."""
+        for execution in executions:
+            hold = execution.slot
+            if hold is None:
+                continue
+            try:
+                self.store.release_slot(hold, now_ms)
+            except Exception as exc:
+                log.warning("could not let go of the running slot of %s: %s", hold.job_id, exc)
+                continue
+            execution.slot = None
 
     def _record_failure(self, execution: Execution, end: Ended) -> int | None:
         """Record a failed attempt, and when the run is tried again (None:
@@ -526,8 +613,12 @@ class Executor:
                 self.store.run_parked(execution.record, end.parked_until_ms, end.error or "parked", end.at_ms)
             elif end.state is not None:
                 self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
+        self._release_slots([e for e, _ in ended], self.clock.now_ms())
         for execution, end in ended:
-            self.count(end.state if end.state in ("succeeded", "failed", "missed", "parked") else "cancelled")
+            if end.state == "parked" and end.kind == "overlap":
+                self.count("waiting")  # for its job's previous run, not a breaker
+            else:
+                self.count(end.state if end.state in ("succeeded", "failed", "missed", "parked") else "cancelled")
             job_id = execution.record.job_id
             if end.state == "missed":
                 log.info("missed %s run_at=%d: %s", job_id, execution.record.run_at_ms, end.error)
