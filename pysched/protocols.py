@@ -471,6 +471,15 @@ class ScheduleStore(Protocol):
         for a run handed on under the reader's own fence."""
         ...
 
+    def next_lease_expiry(self, fences: Fences, after_ms: int) -> int | None:
+        """The earliest time, at or after ``after_ms``, when a running run of
+        these partitions is owed again because its worker's claim lease runs
+        out, for a store whose leader hands such runs on again (the embedded
+        engine): its leader reads again then, not at its next periodic read.
+        None when there is none, or when the dispatcher delivers such runs
+        again itself (the cluster: Kafka)."""
+        ...
+
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
         """The active jobs among ``job_ids``, as planning their next runs
         needs them; a cancelled, completed or unknown job is left out. One

@@ -14,6 +14,9 @@ class LeaderConfig:
     reload_every_ms: int = 30_000
     tick_ms: int = 10
     change_poll_ms: int = 100
+    # How often the leader looks for a running run whose worker's lease ran
+    # out (the embedded engine hands such runs on; ScheduleStore.next_lease_expiry).
+    lease_check_ms: int = 1_000
     coordinate_every_ms: int = 1_000
     # How often quiet partitions' watermarks are moved up to now: what a new
     # leader may send again after a failover.

@@ -47,6 +47,8 @@ class Loader:
         self._reload_all = threading.Event()
         self._next_reload = self._next_change_poll = 0
         self._versions: dict[int, int] = {}
+        self._read_through = 0  # when the last read of every partition began
+        self._next_lease_check = 0
 
     def reload_all(self) -> None:
         """Read every partition led at the next step."""
@@ -62,9 +64,20 @@ class Loader:
             self._reload_all.clear()
             if guarded(lambda: self._read(fences, now, idle=True)):
                 self._next_reload = now + cfg.reload_every_ms
+                self._read_through = now
                 return True
             self._reload_all.set()
             return False
+        if now >= self._next_lease_check:
+            # A run whose worker died is owed again once its lease runs out:
+            # read then, so it is handed on within the lease, not up to a
+            # periodic read later. Only leases run out since the last read:
+            # that read found the others.
+            self._next_lease_check = now + cfg.lease_check_ms
+            expiry = guarded(lambda: self.store.next_lease_expiry(fences, self._read_through))
+            if expiry is not None and expiry < now:
+                self._next_reload = now
+                return False
         if now < self._next_change_poll:
             return False
         self._next_change_poll = now + cfg.change_poll_ms

@@ -511,6 +511,9 @@ class MemoryScheduleStore:
                     add_read_run(rows, Run(r.run_id, r.job_id, r.run_at_ms, r.due_ms, p, attempt, r.attempt_group))
             return sorted(rows.values(), key=lambda r: (r.due_ms, r.run_id))
 
+    def next_lease_expiry(self, fences: Fences, after_ms: int) -> int | None:
+        return None  # Kafka delivers a dead worker's run again itself
+
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
         with self._op("planning_state"):
             out: dict[str, JobPlanState] = {}

@@ -294,6 +294,22 @@ class SQLiteScheduleStore:
         )
         return [Run(int(r), str(j), int(a), int(d), int(p), int(n), int(g)) for r, j, a, d, p, n, g in rows]
 
+    def next_lease_expiry(self, fences: Fences, after_ms: int) -> int | None:
+        if not fences:
+            return None
+        marks = ",".join("?" * len(fences))
+        row = (
+            self.db.connection()
+            .execute(
+                "SELECT min(c.lease_expires_ms) FROM runs JOIN claims c ON c.run_id = runs.run_id"
+                f" WHERE runs.state = 'running' AND runs.partition IN ({marks}) AND c.state = 'running'"
+                " AND c.lease_expires_ms >= ?",
+                [*fences, after_ms],
+            )
+            .fetchone()
+        )
+        return None if row is None or row[0] is None else int(row[0])
+
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
         conn = self.db.connection()
         ids = list(job_ids)
