@@ -115,17 +115,15 @@ def run_target(
         if isinstance(target, ShellTarget):
             return _run_shell(target, ctx, stopping)
         if isinstance(target, PythonTarget):
-            return _run_python(target, ctx)
+            return _run_python(target, ctx, stopping)
         if isinstance(target, TemporalTarget):
             return _run_temporal(target, ctx, stopping, temporal_address)
         return _run_http(target, ctx)
-    except _Unimportable as exc:
-        return Outcome(False, error=str(exc)[:_OUTPUT_LIMIT], kind="import")
     except BaseException as exc:
         # A target's failure is the run's outcome, not the worker's: also
         # sys.exit(), KeyboardInterrupt or any BaseException it raises, which
         # would otherwise end the worker thread that runs it.
-        return Outcome(False, error=_describe(exc)[:_OUTPUT_LIMIT], kind=_kind_of(exc), exception_names=_names(exc))
+        return failure_outcome(exc)
 
 
 class _Unimportable(Exception):
@@ -177,8 +175,20 @@ def _run_shell(target: ShellTarget, ctx: RunContext, stopping: threading.Event |
     return Outcome(True, result=out)
 
 
-def _run_python(target: PythonTarget, ctx: RunContext) -> Outcome:
-    module_name, func_name = target.ref.split(":")
+def _run_python(target: PythonTarget, ctx: RunContext, stopping: threading.Event | None) -> Outcome:
+    if target.timeout_s is not None:
+        # Imported here: only a node running a timed Python target starts
+        # the child processes.
+        from pysched.python_child import run_in_child
+
+        return run_in_child(target.ref, ctx, target.timeout_s, stopping)
+    return python_outcome(resolve(target.ref)(ctx))
+
+
+def resolve(ref: str) -> Callable[[RunContext], Any]:
+    """The function ``module:function`` names; raises _Unimportable when it
+    cannot be found."""
+    module_name, func_name = ref.split(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -188,7 +198,11 @@ def _run_python(target: PythonTarget, ctx: RunContext) -> Outcome:
     func = getattr(module, func_name, None)
     if func is None:
         raise _Unimportable(f"AttributeError: module {module_name!r} has no attribute {func_name!r}")
-    value = func(ctx) if target.timeout_s is None else _call_within(func, ctx, target.timeout_s)
+    return func  # type: ignore[no-any-return]
+
+
+def python_outcome(value: Any) -> Outcome:
+    """A Python target's return value as its run's result: JSON, or its repr."""
     if value is None:
         return Outcome(True)
     try:
@@ -197,29 +211,11 @@ def _run_python(target: PythonTarget, ctx: RunContext) -> Outcome:
         return Outcome(True, result=repr(value)[:_OUTPUT_LIMIT])
 
 
-def _call_within(func: Any, ctx: RunContext, timeout_s: float) -> Any:
-    """Call ``func(ctx)`` in a thread of its own and wait ``timeout_s`` for
-    it. Past that, ``ctx.cancelled`` is set and the run fails as timed out;
-    a thread cannot be killed, so a target that ignores ``ctx.cancelled``
-    runs on in its (daemon) thread until it returns, its outcome dropped."""
-    done: list[tuple[bool, Any]] = []
-
-    def call() -> None:
-        try:
-            done.append((True, func(ctx)))
-        except BaseException as exc:  # raised in the caller's thread below
-            done.append((False, exc))
-
-    thread = threading.Thread(target=call, name=f"pysched-run-{ctx.job_id}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if not done:
-        ctx.cancelled.set()
-        raise TimeoutError(f"timed out after {timeout_s:g} s (ctx.cancelled is set)")
-    ok, value = done[0]
-    if not ok:
-        raise value
-    return value
+def failure_outcome(exc: BaseException) -> Outcome:
+    """A failed run's outcome for what its target raised."""
+    if isinstance(exc, _Unimportable):
+        return Outcome(False, error=str(exc)[:_OUTPUT_LIMIT], kind="import")
+    return Outcome(False, error=_describe(exc)[:_OUTPUT_LIMIT], kind=_kind_of(exc), exception_names=_names(exc))
 
 
 def _run_http(target: HttpTarget, ctx: RunContext) -> Outcome:

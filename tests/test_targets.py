@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,8 +18,9 @@ from typing import Any
 import pytest
 
 from pysched.model import Job
+from pysched.records import DispatchRecord
 from pysched.shell import stop_commands
-from pysched.targets import Outcome, RunContext, run_target
+from pysched.targets import Outcome, RunContext, context_for, run_target
 from tests.helpers import wait_for
 
 CTX = RunContext(
@@ -32,8 +34,13 @@ CTX = RunContext(
 )
 
 
-def make(target: dict[str, Any]) -> Job:
-    return Job.model_validate({"id": "j", "schedule": {"kind": "once", "run_at_ms": 0}, "target": target})
+def make(target: dict[str, Any], payload: dict[str, Any] | None = None) -> Job:
+    return Job.model_validate(
+        {"id": "j", "schedule": {"kind": "once", "run_at_ms": 0}, "target": target, "payload": payload or {}}
+    )
+
+
+RECORD = DispatchRecord(5, "j", 1_767_225_600_000, 1_767_225_600_000, 0, 2, 0, 3, 0)
 
 
 @pytest.fixture
@@ -280,22 +287,72 @@ def raises_key_error(ctx: RunContext) -> None:
     raise KeyError("missing")
 
 
-_seen_cancel = threading.Event()
-
-
 def sleeps_until_cancelled(ctx: RunContext) -> None:
     if ctx.cancelled.wait(30):
-        _seen_cancel.set()
+        Path(ctx.payload["dir"], "saw-cancel").write_text("yes")
 
 
-def test_a_python_target_past_its_timeout_fails_and_is_told_to_stop() -> None:
-    _seen_cancel.clear()
-    job = make({"kind": "python", "ref": f"{__name__}:sleeps_until_cancelled", "timeout_s": 0.2})
-    ctx = RunContext("j", 5, CTX.run_at, 1, 3, "j:0:0")
+def ignores_cancel(ctx: RunContext) -> None:
+    Path(ctx.payload["dir"], "pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+
+
+def checkpoints(ctx: RunContext) -> object:
+    ctx.checkpoint({"step": 2})
+    return ctx.checkpoint_state
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_python_target_past_its_timeout_fails_and_is_told_to_stop(tmp_path: Path) -> None:
+    job = make(
+        {"kind": "python", "ref": f"{__name__}:sleeps_until_cancelled", "timeout_s": 0.5},
+        payload={"dir": str(tmp_path)},
+    )
+    ctx = context_for(job, RECORD)
     outcome = run_target(job, ctx)
     assert (outcome.succeeded, outcome.kind) == (False, "timeout")
-    assert "timed out after 0.2 s" in (outcome.error or "")
-    assert _seen_cancel.wait(10), "the target saw ctx.cancelled"
+    assert "timed out after 0.5 s" in (outcome.error or "")
+    # Its process got SIGTERM: the target saw ctx.cancelled and returned.
+    assert (tmp_path / "saw-cancel").read_text() == "yes"
+    assert ctx.cancelled.is_set()
+
+
+def test_a_python_target_that_ignores_its_timeout_is_killed(tmp_path: Path) -> None:
+    job = make(
+        {"kind": "python", "ref": f"{__name__}:ignores_cancel", "timeout_s": 0.5}, payload={"dir": str(tmp_path)}
+    )
+    outcome = run_target(job, context_for(job, RECORD))
+    assert outcome.kind == "timeout"
+    # SIGKILL after the 2 s it had to return: gone, not running on.
+    assert not _alive(int((tmp_path / "pid").read_text()))
+
+
+def test_a_timed_python_target_checkpoints_through_its_worker() -> None:
+    saved: list[str] = []
+    job = make({"kind": "python", "ref": f"{__name__}:checkpoints", "timeout_s": 30})
+    ctx = context_for(job, RECORD, checkpoint='{"step": 1}', save_checkpoint=lambda text: saved.append(text) is None)
+    outcome = run_target(job, ctx)
+    assert (outcome.succeeded, outcome.result) == (True, '{"step": 1}')
+    assert saved == ['{"step":2}']
+
+
+def test_a_timed_python_target_is_stopped_with_its_node(tmp_path: Path) -> None:
+    stopping = threading.Event()
+    job = make(
+        {"kind": "python", "ref": f"{__name__}:ignores_cancel", "timeout_s": 600}, payload={"dir": str(tmp_path)}
+    )
+    threading.Timer(0.5, stopping.set).start()
+    outcome = run_target(job, context_for(job, RECORD), stopping)
+    assert not outcome.succeeded and "stopped" in (outcome.error or "")
+    assert not _alive(int((tmp_path / "pid").read_text()))
 
 
 def test_a_python_target_within_its_timeout_returns_its_value() -> None:
