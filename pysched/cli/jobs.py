@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -45,7 +46,7 @@ from pysched.model import (
     OnceSchedule,
     RetryPolicy,
 )
-from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
+from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord, ScheduleStore
 from pysched.registry import register, reschedule
 from pysched.registry import resume as resume_job
 
@@ -505,6 +506,19 @@ def history(
     console().print(table)
 
 
+def _change_job(
+    change: Callable[[ScheduleStore, str, int], JobRecord], job_id: str, db: str, config: str | None
+) -> JobRecord:
+    """One change of a job's state: exit 3 for an unknown job, 2 for one
+    not in the state the change needs."""
+    try:
+        return change(open_store(db, config, access="write"), job_id, _now_ms())
+    except JobNotFound as exc:
+        fail(str(exc), EXIT_NO_SUCH_JOB)
+    except JobNotActive as exc:
+        fail(str(exc))
+
+
 def cancel(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     db: DbOption = DEFAULT_DB,
@@ -512,12 +526,7 @@ def cancel(
     as_json: JsonOption = False,
 ) -> None:
     """Cancel a job's pending runs; its history stays."""
-    try:
-        rec = open_store(db, config, access="write").cancel_job(job_id, _now_ms())
-    except JobNotFound as exc:
-        fail(str(exc), EXIT_NO_SUCH_JOB)
-    except JobNotActive as exc:
-        fail(str(exc))
+    rec = _change_job(lambda store, job, now: store.cancel_job(job, now), job_id, db, config)
     _print_job(rec, as_json, "cancelled")
 
 
@@ -529,12 +538,7 @@ def pause(
 ) -> None:
     """Stop a job firing until `pysched resume`; the times it passes over
     are counted missed (paused)."""
-    try:
-        rec = open_store(db, config, access="write").pause_job(job_id, _now_ms())
-    except JobNotFound as exc:
-        fail(str(exc), EXIT_NO_SUCH_JOB)
-    except JobNotActive as exc:
-        fail(str(exc))
+    rec = _change_job(lambda store, job, now: store.pause_job(job, now), job_id, db, config)
     _print_job(rec, as_json, "paused")
 
 
@@ -546,13 +550,7 @@ def resume(
 ) -> None:
     """Let a paused job fire again; what it missed follows its --catch-up
     policy (run_once: one run now for the times passed over)."""
-    try:
-        rec = resume_job(open_store(db, config, access="write"), job_id, _now_ms())
-    except JobNotFound as exc:
-        fail(str(exc), EXIT_NO_SUCH_JOB)
-    except JobNotActive as exc:
-        fail(str(exc))
-    _print_job(rec, as_json, "resumed")
+    _print_job(_change_job(resume_job, job_id, db, config), as_json, "resumed")
 
 
 def reschedule_cmd(
