@@ -4,11 +4,14 @@ simulated clock."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pysched.catchup import count_missed
 from pysched.clock import ManualClock
 from pysched.memory import open_memory
 from pysched.model import Job
 from pysched.registry import register, resume
+from tests.helpers import cli, cli_json
 from tests.test_catchup_outage import HOUR, MINUTE, T0, Process, minutely
 
 ONCE = {"kind": "once", "run_at_ms": T0 + MINUTE}
@@ -85,3 +88,16 @@ def test_a_run_waiting_in_the_catch_up_lane_leaves_it_when_its_job_is_cancelled(
     node.run_for(30_000)
     assert len(node.fired) == 199
     assert last not in {e.job_id for e in node.fired}
+
+
+def test_pause_and_resume_from_the_cli(db_path: Path) -> None:
+    cli("add", "nightly", "--cron", "0 2 * * *", "--shell", "true", db=db_path)
+    assert cli_json("pause", "nightly", db=db_path)["state"] == "paused"
+    again = cli("pause", "nightly", db=db_path, check=False)
+    assert (again.returncode, again.stderr.strip()) == (2, "error: job 'nightly' is paused, not active")
+    shown = cli_json("show", "nightly", db=db_path)
+    assert shown["state"] == "paused" and shown["next_run_at"] is not None  # the run it holds
+    assert cli_json("resume", "nightly", db=db_path)["state"] == "active"
+    assert cli("resume", "nightly", db=db_path, check=False).returncode == 2
+    unknown = cli("pause", "nope", db=db_path, check=False)
+    assert unknown.returncode == 3 and "Traceback" not in unknown.stderr
