@@ -15,14 +15,17 @@ within the 30 s a dead worker's run may wait.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from pysched.config import ClusterConfig
-from pysched.protocols import Delivery
+from pysched.dispatch.offsets import OffsetTracker
+from pysched.protocols import Delivery, DispatchConsumer
 
 log = logging.getLogger("pysched.kafka")
 
@@ -30,6 +33,7 @@ SESSION_TIMEOUT_MS = 10_000
 # A long run blocks its consumer thread; it must not be taken for dead while
 # its heartbeats (sent by librdkafka's own thread) keep coming.
 MAX_POLL_INTERVAL_MS = 7 * 3_600_000
+_POLL_SLICE_S = 0.1
 
 
 class DispatchError(RuntimeError):
@@ -87,9 +91,22 @@ def producer_settings(config: ClusterConfig) -> dict[str, Any]:
     }
 
 
-class KafkaConsumer:
+class SharedKafkaConsumer:
+    """One group member for all the worker threads of a process: each takes
+    the next record of any partition, and records finish in any order, so
+    a six-hour run holds one thread, never the records behind it on its
+    partition. What is committed is each partition's prefix of finished
+    records (OffsetTracker): a process that dies has every record it did not
+    finish delivered again."""
+
     def __init__(self, config: ClusterConfig, group: str) -> None:
         self.topic = config.topic
+        # poll and commit are not to interleave, and rebalance callbacks
+        # run inside poll, on the thread that holds this.
+        self._lock = threading.RLock()
+        self._offsets = OffsetTracker()
+        self._users = 0
+        self.closed = False
         self._consumer = Consumer(
             {
                 "bootstrap.servers": config.kafka,
@@ -102,26 +119,79 @@ class KafkaConsumer:
                 "log_level": 3,
             }
         )
-        self._consumer.subscribe([config.topic])
+        self._consumer.subscribe([config.topic], on_revoke=self._revoked, on_lost=self._revoked)
+
+    def _revoked(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        with self._lock:
+            self._offsets.forget([tp.partition for tp in partitions])
+
+    def handle(self) -> _ConsumerHandle:
+        with self._lock:
+            self._users += 1
+        return _ConsumerHandle(self)
 
     def next(self, timeout_s: float) -> Delivery | None:
-        msg: Message | None = self._consumer.poll(timeout_s)
-        if msg is None:
-            return None
-        if msg.error():
-            log.warning("kafka consumer: %s", msg.error())
-            return None
-        _, appended_at = msg.timestamp()
-        return Delivery(msg.value() or b"", int(appended_at), msg)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            # Short polls: an ack waits for the lock at most this long.
+            wait_s = min(max(deadline - time.monotonic(), 0.0), _POLL_SLICE_S)
+            with self._lock:
+                if self.closed:
+                    return None
+                msg: Message | None = self._consumer.poll(wait_s)
+                if msg is not None and not msg.error():
+                    self._offsets.taken(_where(msg)[0], _where(msg)[1])
+                    _, appended_at = msg.timestamp()
+                    return Delivery(msg.value() or b"", int(appended_at), msg)
+            if msg is not None:
+                log.warning("kafka consumer: %s", msg.error())
+            if time.monotonic() >= deadline:
+                return None
 
     def ack(self, delivery: Delivery) -> None:
         # Asynchronous: a lost commit only means one more delivery, which the
         # idempotency claim absorbs.
         assert isinstance(delivery.token, Message)
-        self._consumer.commit(message=delivery.token, asynchronous=True)
+        partition, offset = _where(delivery.token)
+        with self._lock:
+            commit = self._offsets.done(partition, offset)
+            if commit is not None and not self.closed:
+                self._consumer.commit(offsets=[TopicPartition(self.topic, partition, commit)], asynchronous=True)
+
+    def release(self) -> None:
+        """One thread done with it; the last closes the group member."""
+        with self._lock:
+            self._users -= 1
+            if self._users > 0 or self.closed:
+                return
+            self.closed = True
+            self._consumer.close()
+
+
+def _where(msg: Message) -> tuple[int, int]:
+    """A consumed record's partition and offset (never None for one)."""
+    partition, offset = msg.partition(), msg.offset()
+    assert partition is not None and offset is not None
+    return partition, offset
+
+
+class _ConsumerHandle:
+    """A worker thread's view of its process's shared consumer."""
+
+    def __init__(self, shared: SharedKafkaConsumer) -> None:
+        self._shared = shared
+        self._closed = False
+
+    def next(self, timeout_s: float) -> Delivery | None:
+        return self._shared.next(timeout_s)
+
+    def ack(self, delivery: Delivery) -> None:
+        self._shared.ack(delivery)
 
     def close(self) -> None:
-        self._consumer.close()
+        if not self._closed:
+            self._closed = True
+            self._shared.release()
 
 
 class KafkaDispatcher:
@@ -130,6 +200,8 @@ class KafkaDispatcher:
         self.group = group
         self._producer: Producer | None = None
         self._failed: list[str] = []
+        self._consumer_lock = threading.Lock()
+        self._shared: SharedKafkaConsumer | None = None
 
     def _get_producer(self) -> Producer:
         if self._producer is None:
@@ -164,8 +236,14 @@ class KafkaDispatcher:
                 f"{len(self._failed)} failed ({'; '.join(sorted(set(self._failed))[:3])})"
             )
 
-    def consumer(self) -> KafkaConsumer:
-        return KafkaConsumer(self.config, self.group)
+    def consumer(self) -> DispatchConsumer:
+        """A worker thread's consumer: every thread of the process shares
+        one group member (SharedKafkaConsumer), made again once all have
+        closed theirs."""
+        with self._consumer_lock:
+            if self._shared is None or self._shared.closed:
+                self._shared = SharedKafkaConsumer(self.config, self.group)
+            return self._shared.handle()
 
     def close(self) -> None:
         if self._producer is not None:
