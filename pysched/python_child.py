@@ -22,8 +22,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
+from pysched.shell import signal_group, track, untrack
 from pysched.targets import Outcome, RunContext, failure_outcome, python_outcome, resolve
 
 # As a shell command's: after SIGTERM, how long a target has to return.
@@ -46,6 +48,8 @@ class _Call:
     idempotency_key: str
     payload: dict[str, Any]
     checkpoint_state: Any
+    node_pid: int  # the node the child is to end with
+    node_started: str | None  # its start time, so a pid reused is not taken for it
 
 
 class _Stopped(Exception):
@@ -66,11 +70,19 @@ def run_in_child(ref: str, ctx: RunContext, timeout_s: float, stopping: threadin
         ctx.idempotency_key,
         ctx.payload,
         ctx.checkpoint_state,
+        os.getpid(),
+        _started(os.getpid()),
     )
     ours, theirs = _CONTEXT.Pipe()
     child = _CONTEXT.Process(target=_child_main, args=(call, theirs), name=f"pysched-run-{ctx.job_id}", daemon=True)
     child.start()
     theirs.close()
+    assert child.pid is not None
+    # Stopped with the node's shell commands (shell.stop_commands) when the
+    # node stops or the run is cancelled, whichever thread waits here.
+    events = tuple(e for e in (stopping, ctx.cancelled) if e is not None)
+    if not track(child.pid, events):
+        signal_group(child.pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -95,26 +107,34 @@ def run_in_child(ref: str, ctx: RunContext, timeout_s: float, stopping: threadin
             outcome: Outcome = message[1]
             return outcome
     finally:
+        untrack(child.pid)  # before it is reaped: its pid is then free for others
         _stop(child)
         ours.close()
 
 
 def _stop(child: Any) -> None:
-    """SIGTERM (the target's ctx.cancelled), then SIGKILL to what is left."""
-    if child.exitcode is None and child.pid is not None:
-        with suppress(ProcessLookupError):
-            os.kill(child.pid, signal.SIGTERM)
+    """SIGTERM to the child's group (the target's ctx.cancelled), then
+    SIGKILL to what is left of it, whatever it started too."""
+    pid = child.pid
+    if child.exitcode is None:
+        signal_group(pid, signal.SIGTERM)
         child.join(KILL_AFTER_S)
         if child.exitcode is None:
-            child.kill()
+            signal_group(pid, signal.SIGKILL)
     child.join()
+    # What the target started and left behind: a group outlives its leader,
+    # and its id is not given to another process while it does.
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _child_main(call: _Call, conn: Connection) -> None:
+    # A group of its own: stopping it stops whatever the target started.
+    os.setsid()
     cancelled = threading.Event()
     # Set by the parent's SIGTERM: the target's cue to return.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: cancelled.set())
-    _exit_with_parent(os.getppid())
+    _end_with_node(call.node_pid, call.node_started)
     lock = threading.Lock()
 
     def save(text: str) -> bool:
@@ -145,13 +165,21 @@ def _child_main(call: _Call, conn: Connection) -> None:
         os._exit(0)  # whatever threads the target left behind
 
 
-def _exit_with_parent(parent: int) -> None:
-    """Its parent (the fork server) ends with the node: a node killed with
-    kill -9 leaves no target running on."""
+def _end_with_node(pid: int, started: str | None) -> None:
+    """A node gone (kill -9 leaves no stop to run) takes its targets' groups
+    with it: none runs on beside the run's next attempt."""
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while _started(pid) == started:
             time.sleep(0.5)
-        os._exit(1)
+        os.killpg(0, signal.SIGKILL)
 
-    threading.Thread(target=watch, name="pysched-parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="pysched-node-watch", daemon=True).start()
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (its /proc stat field), None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 TAIL_BYTES = 64 * 1024
 _READ_BYTES = 64 * 1024
 
-# Each command running, with the events under which it is stopped: its
-# node's, and its run's.
-_running: dict[subprocess.Popen[bytes], tuple[threading.Event, ...]] = {}
+# Each process group running (a command's, a Python target's child), by its
+# leader's pid, with the events under which it is stopped: its node's, and
+# its run's.
+_running: dict[int, tuple[threading.Event, ...]] = {}
 _running_lock = threading.Lock()
 # How often a stop looks whether the groups it signalled have ended.
 _STOP_POLL_S = 0.05
@@ -79,13 +80,8 @@ def run_command(
         stderr=subprocess.PIPE,
         start_new_session=True,
     ) as proc:
-        with _running_lock:
-            _running[proc] = events
-            # Under the lock that stop_commands takes its list with: a
-            # command is either on that list or sees the event set.
-            late = any(e.is_set() for e in events)
-        if late:
-            _signal_group(proc, signal.SIGKILL)
+        if not track(proc.pid, events):
+            signal_group(proc.pid, signal.SIGKILL)
         try:
             tails = _read_tails(proc, deadline)
             if tails is not None:
@@ -94,12 +90,27 @@ def run_command(
                     return CommandResult(proc.wait(remaining), *tails)
                 except subprocess.TimeoutExpired:
                     pass
-            _signal_group(proc, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
             return CommandResult(None, "", "")
         finally:
-            with _running_lock:
-                _running.pop(proc, None)
+            untrack(proc.pid)
+
+
+def track(pid: int, events: tuple[threading.Event, ...]) -> bool:
+    """Stop the process group ``pid`` leads with the others started under
+    ``events`` (stop_commands); False when one is set already: the caller
+    kills it at once, so none slips past a stop."""
+    with _running_lock:
+        _running[pid] = events
+        # Under the lock that stop_commands takes its list with: a group is
+        # either on that list or sees the event set.
+        return not any(e.is_set() for e in events)
+
+
+def untrack(pid: int) -> None:
+    with _running_lock:
+        _running.pop(pid, None)
 
 
 def stop_commands(stopping: threading.Event, wait_s: float) -> int:
@@ -108,16 +119,16 @@ def stop_commands(stopping: threading.Event, wait_s: float) -> int:
     group, up to ``wait_s`` for the groups to end, then SIGKILL to what is
     left. How many commands were running."""
     with _running_lock:
-        procs = [proc for proc, events in _running.items() if any(e is stopping for e in events)]
-    for proc in procs:
-        _signal_group(proc, signal.SIGTERM)
+        pids = [pid for pid, events in _running.items() if any(e is stopping for e in events)]
+    for pid in pids:
+        signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
-    while any(_group_alive(proc) for proc in procs) and time.monotonic() < deadline:
+    while any(_group_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(_STOP_POLL_S)
-    for proc in procs:
-        if _group_alive(proc):
-            _signal_group(proc, signal.SIGKILL)
-    return len(procs)
+    for pid in pids:
+        if _group_alive(pid):
+            signal_group(pid, signal.SIGKILL)
+    return len(pids)
 
 
 def _read_tails(proc: subprocess.Popen[bytes], deadline: float | None) -> tuple[str, str] | None:
@@ -140,21 +151,30 @@ def _read_tails(proc: subprocess.Popen[bytes], deadline: float | None) -> tuple[
     return tails[proc.stdout.fileno()].text(), tails[proc.stderr.fileno()].text()
 
 
-def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+def signal_group(pid: int, signum: int) -> None:
     # A pid stays taken while a group of that number has a member, so this
-    # reaches the command's processes or none (pids are handed out in a
-    # cycle of millions: not again within a stop's few seconds).
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
-        os.killpg(proc.pid, signum)
-
-
-def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
-    """Whether a process of the command's group is left (a zombie counts
-    until its parent reaps it: the command's thread does so at once)."""
+    # reaches the group's processes or none (pids are handed out in a cycle
+    # of millions: not again within a stop's few seconds). A Python
+    # target's child that has not yet made its group is signalled alone.
     try:
-        os.killpg(proc.pid, 0)
+        os.killpg(pid, signum)
     except ProcessLookupError:
-        return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
     except PermissionError:
+        pass
+
+
+def _group_alive(pid: int) -> bool:
+    """Whether a process of the group is left (a zombie counts until its
+    parent reaps it: the thread that started it does so at once)."""
+    for probe in (os.killpg, os.kill):
+        try:
+            probe(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return True
         return True
+    return False
     return True

@@ -184,3 +184,42 @@ def test_a_bad_grace_in_the_cluster_config_is_refused_naming_the_key(tmp_path: P
     )
     assert proc.returncode == 2, proc.stderr
     assert "grace_s" in proc.stderr and str(config) in proc.stderr
+
+
+TIMED_FOREVER = """
+import os
+import subprocess
+import time
+
+
+def forever(ctx):
+    open("forever.pid", "w").write(str(os.getpid()))
+    subprocess.Popen(["sleep", "300"])  # what it started goes with it
+    while True:  # deaf to ctx.cancelled
+        time.sleep(0.2)
+"""
+
+
+@pytest.mark.parametrize("how", ["stop", "kill -9"])
+def test_a_timed_python_target_ends_with_its_node(tmp_path: Path, db_path: Path, how: str) -> None:
+    (tmp_path / "timed_forever.py").write_text(TIMED_FOREVER)
+    log = tmp_path / "node.log"
+    node = start_node(db_path, tmp_path, log, "--grace", "1", "--workers", "1")
+    child = None
+    try:
+        cli("add", "t", "--in", "1", "--python", "timed_forever:forever", "--timeout", "600", db=db_path, cwd=tmp_path)
+        wait_for(lambda: _read_pid(tmp_path / "forever.pid") is not None, 60, "the target to start", log)
+        child = _read_pid(tmp_path / "forever.pid")
+        assert child is not None and len(_group(child)) == 2  # the target and its sleep
+        if how == "stop":
+            os.kill(node.pid, signal.SIGTERM)
+            assert node.wait(60) == 0
+        else:
+            os.kill(node.pid, signal.SIGKILL)
+            node.wait(60)
+        # Gone with the node, group and all, within the grace and the 2 s a
+        # target has after SIGTERM (or, after kill -9, its watch's second).
+        wait_for(lambda: not _group(child), 30, "the target's processes to be gone")
+    finally:
+        stop_node(node)
+        _kill_group(child)

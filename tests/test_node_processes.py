@@ -244,7 +244,7 @@ def test_a_second_signal_interrupts_the_run_now(tmp_path: Path, db_path: Path) -
     # Recorded interrupted, its claim let go of: the next node runs it
     # again at once, as its next attempt.
     assert [r["state"] for r in cli_json("history", "long", db=db_path)] == ["interrupted"]
-    assert "interrupted 1 runs (1 shell commands stopped)" in log.read_text()
+    assert "interrupted 1 runs (1 processes stopped" in log.read_text()
 
 
 def test_a_thread_a_job_left_running_does_not_keep_up_from_stopping(tmp_path: Path, db_path: Path) -> None:

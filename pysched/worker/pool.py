@@ -106,7 +106,11 @@ class WorkerPool:
             self.executor.record_interrupted(executions, why)
             self.executor.abandoned.set()
         if executions:
-            log.warning("interrupted %d runs (%d shell commands stopped)", len(executions), stopped)
+            log.warning(
+                "interrupted %d runs (%d processes stopped: shell commands, timed Python targets)",
+                len(executions),
+                stopped,
+            )
 
     @property
     def abandoned(self) -> bool:
