@@ -151,7 +151,7 @@ class RetryPolicy(_Strict):
     @model_validator(mode="after")
     def _cap_above_base(self) -> RetryPolicy:
         if self.backoff_cap_s < self.backoff_base_s:
-            raise ValueError(f"backoff: the cap ({self.backoff_cap_s} s) is below the base ({self.backoff_base_s} s)")
+            raise ValueError(f"the cap ({self.backoff_cap_s} s) is below the base ({self.backoff_base_s} s)")
         return self
 
 

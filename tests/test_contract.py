@@ -518,7 +518,11 @@ def test_an_interrupted_run_starts_again_as_its_next_attempt(backend: Backend) -
     # Kafka delivers the very record the stopped worker let go of; the start
     # is the next attempt all the same.
     assert store.run_started(rec, "w2", T0 + 300) == 2
-    assert [(r.state, r.attempt, r.error) for r in store.history("o")] == [("running", 2, None)]
+    # Its end is the interrupted attempt's no more: a run that ends before it
+    # starts would show a negative duration.
+    assert [(r.state, r.attempt, r.error, r.started_at_ms, r.ended_at_ms) for r in store.history("o")] == [
+        ("running", 2, None, T0 + 300, None)
+    ]
     # Never pruned while it is owed.
     assert store.prune_history(range(4), T0 + 10_000_000, 0, 100) == 0
 

@@ -237,8 +237,10 @@ def describe_retry(policy: RetryPolicy) -> str:
 def describe_catch_up(job: Job) -> str:
     delay = f"{job.max_delay_ms / 1000:g} s"
     return {
-        "run_once": "run_once: after downtime one run, the missed times before it skipped",
-        "skip": f"skip: a run more than {delay} late does not run; the schedule resumes at the next time",
+        "run_once": "run_once: after downtime one run for the missed times (the first; after a pause, the latest),"
+        " the others skipped",
+        "skip": f"skip: missed times do not run (nor a run more than {delay} late); the schedule resumes at the next"
+        " time ahead",
         "run_all": "run_all: every missed time runs, through the catch-up lane",
         "deadline": f"deadline: missed times within {delay} run, older ones do not",
     }[job.catch_up]

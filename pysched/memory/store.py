@@ -601,7 +601,16 @@ class MemoryScheduleStore:
             attempt = started_attempt(row.interrupted_attempt if row.state == "interrupted" else None, record.attempt)
             self._put_run(
                 record,
-                replace_row(row, state="running", started_at_ms=now_ms, worker=worker, attempt=attempt, error=None),
+                replace_row(
+                    row,
+                    state="running",
+                    started_at_ms=now_ms,
+                    worker=worker,
+                    attempt=attempt,
+                    error=None,
+                    ended_at_ms=None,
+                    result=None,
+                ),
             )
             return attempt
 

@@ -399,8 +399,8 @@ class CassandraScheduleStore:
             f" ended_at_ms, worker, error, result FROM {ks}.runs WHERE job_id = ? LIMIT ?"
         )
         self._run_started = p(
-            f"UPDATE {ks}.runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = ?, error = null"
-            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+            f"UPDATE {ks}.runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = ?, error = null,"
+            " ended_at_ms = null, result = null WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._run_state = p(
             f"SELECT state, worker, interrupted_attempt FROM {ks}.runs"

@@ -398,7 +398,7 @@ class SQLiteScheduleStore:
         with self.db.transaction() as conn:
             row = conn.execute(
                 "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?,"
-                " attempt = max(attempt + (state = 'interrupted'), ?), error = NULL"
+                " attempt = max(attempt + (state = 'interrupted'), ?), error = NULL, ended_at_ms = NULL, result = NULL"
                 " WHERE run_id = ? AND state NOT IN ('cancelled', 'missed') RETURNING attempt",
                 (now_ms, worker, record.attempt, record.run_id),
             ).fetchone()
