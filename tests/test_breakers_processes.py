@@ -42,8 +42,10 @@ class Downstream:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status = 503 if downstream.failing else 200
+                # Decided and counted under one lock: a call answered 503 is
+                # counted before the recovery's count is taken, never after.
                 with downstream.lock:
+                    status = 503 if downstream.failing else 200
                     downstream.answers.setdefault(self.headers.get("Idempotency-Key", "?"), []).append(status)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
@@ -55,6 +57,12 @@ class Downstream:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def recover(self) -> int:
+        """Answer 200 from now on; how many calls were answered 503."""
+        with self.lock:
+            self.failing = False
+            return sum(answers.count(503) for answers in self.answers.values())
 
     def count(self, status: int) -> int:
         with self.lock:
@@ -72,6 +80,20 @@ def downstream() -> Iterator[Downstream]:
 def _states(db: Path) -> Counter[str]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
         return Counter(dict(conn.execute("SELECT state, count(*) FROM runs GROUP BY state").fetchall()))
+
+
+def _wait_settled(db: Path, log: Path) -> None:
+    """Until every run has succeeded or failed for good (none parked,
+    retrying or running); the states seen last said on timeout."""
+
+    def settled() -> bool:
+        states = _states(db)
+        return set(states) <= {"succeeded", "failed"} and sum(states.values()) == RUNS
+
+    try:
+        wait_for(settled, 180, "every run to succeed or fail for good", log)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nrun states: {dict(_states(db))}") from None
 
 
 def test_a_failing_downstream_is_held_to_the_budget_and_every_run_completes_once(
@@ -107,9 +129,8 @@ def test_a_failing_downstream_is_held_to_the_budget_and_every_run_completes_once
         assert breaker["downstream"] == f"http:{downstream.url.split('/')[2]}"
         assert breaker["state"] in ("open", "half-open")
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - outage_began)))
-        downstream.failing = False
+        failed_calls = downstream.recover()
         outage_s = time.monotonic() - started  # from before the first call
-        failed_calls = downstream.count(503)
         # Before the breaker opened: THRESHOLD failures, and a call in flight
         # on each other worker; then a probe per open period. Retries are
         # calls only when let through, and are held to the budget besides:
@@ -117,17 +138,14 @@ def test_a_failing_downstream_is_held_to_the_budget_and_every_run_completes_once
         bound = THRESHOLD + WORKERS + BUDGET_FLOOR + int(outage_s / OPEN_S) + 2
         print(f"failed calls during the outage: {failed_calls} (bound {bound}, of {RUNS} runs)")
         assert failed_calls <= bound
-        dead_during_outage = _states(db_path)["failed"]
-        assert dead_during_outage > 0
+        assert _states(db_path)["failed"] > 0
         # Recovery: the probe closes the breaker, the parked runs complete.
-        wait_for(
-            lambda: _states(db_path) == Counter({"succeeded": RUNS - dead_during_outage, "failed": dead_during_outage}),
-            180,
-            "the parked runs to complete",
-            log,
-        )
+        # A failure answered before the recovery may still be on its way to
+        # the store: the dead letters are counted once every run has ended.
+        _wait_settled(db_path, log)
+        dead_count = _states(db_path)["failed"]
         dead = cli_json("dlq", "ls", db=db_path)
-        assert len(dead) == dead_during_outage
+        assert len(dead) == dead_count
         assert any(f"retry budget exhausted for {breaker['downstream']}" in d["error"] for d in dead)
         cli("dlq", "redrive", "--all", db=db_path)
         wait_for(lambda: _states(db_path) == Counter({"succeeded": RUNS}), 120, "the redriven runs", log)
