@@ -9,6 +9,7 @@ from pathlib import Path
 from pysched.catchup import count_missed
 from pysched.clock import ManualClock
 from pysched.memory import open_memory
+from pysched.memory.store import MemoryScheduleStore
 from pysched.model import Job
 from pysched.registry import register, resume
 from tests.helpers import cli, cli_json
@@ -17,17 +18,22 @@ from tests.test_catchup_outage import HOUR, MINUTE, T0, Process, minutely
 ONCE = {"kind": "once", "run_at_ms": T0 + MINUTE}
 
 
+def _one_job_world(job: Job) -> tuple[ManualClock, MemoryScheduleStore, Process]:
+    """``job`` registered at T0 on the memory engine, and a node to step."""
+    clock = ManualClock(T0)
+    cluster = open_memory(4, clock, dispatcher_partitions=1)
+    store = cluster.node().store
+    register(store, job, T0)
+    return clock, store, Process(cluster, clock, "node")
+
+
 def _fired(process: Process, job_id: str) -> list[int]:
     return [e.run_at_ms for e in process.fired if e.job_id == job_id]
 
 
 def test_a_paused_job_fires_nothing_and_on_resume_follows_its_policy() -> None:
-    clock = ManualClock(T0)
-    cluster = open_memory(4, clock, dispatcher_partitions=1)
-    store = cluster.node().store
     job = minutely("paused", "run_once")
-    register(store, job, T0)
-    node = Process(cluster, clock, "node")
+    clock, store, node = _one_job_world(job)
     node.run_for(30_000)  # its first run (T0 + 1 min) is in the wheel now
     store.pause_job(job.id, clock.now_ms())
     node.run_for(5 * MINUTE)
@@ -43,12 +49,8 @@ def test_a_paused_job_fires_nothing_and_on_resume_follows_its_policy() -> None:
 
 
 def test_a_job_resumed_before_its_held_run_is_due_fires_it_on_time() -> None:
-    clock = ManualClock(T0)
-    cluster = open_memory(4, clock, dispatcher_partitions=1)
-    store = cluster.node().store
     job = minutely("brief", "skip")
-    register(store, job, T0)
-    node = Process(cluster, clock, "node")
+    clock, store, node = _one_job_world(job)
     node.run_for(20_000)
     store.pause_job(job.id, clock.now_ms())
     node.run_for(20_000)
@@ -59,12 +61,8 @@ def test_a_job_resumed_before_its_held_run_is_due_fires_it_on_time() -> None:
 
 
 def test_a_cancelled_run_in_the_wheel_never_fires() -> None:
-    clock = ManualClock(T0)
-    cluster = open_memory(4, clock, dispatcher_partitions=1)
-    store = cluster.node().store
     job = minutely("cancelled", "run_once")
-    register(store, job, T0)
-    node = Process(cluster, clock, "node")
+    clock, store, node = _one_job_world(job)
     node.run_for(59_000)  # due in a second, long in the wheel
     store.cancel_job(job.id, clock.now_ms())
     node.run_for(2 * MINUTE)

@@ -140,7 +140,7 @@ class SharedKafkaConsumer:
                     return None
                 msg: Message | None = self._consumer.poll(wait_s)
                 if msg is not None and not msg.error():
-                    self._offsets.taken(_where(msg)[0], _where(msg)[1])
+                    self._offsets.taken(*_where(msg))
                     _, appended_at = msg.timestamp()
                     return Delivery(msg.value() or b"", int(appended_at), msg)
             if msg is not None:
