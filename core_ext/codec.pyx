@@ -75,7 +75,10 @@ def encode_batch(rows, int64_t fence, int64_t dispatched_at_ms):
     cdef list out = []
     cdef object row
     for row in rows:
-        out.append(encode_one(tuple(row), fence, dispatched_at_ms))
+        # A ``Run`` is a NamedTuple, so a tuple already: read as it is.
+        # tuple(row) would copy every tuple subclass through the iterator
+        # (about 150 ns a row: 7 ms of a 50,000-run burst's fire lag).
+        out.append(encode_one(<tuple>row if isinstance(row, tuple) else tuple(row), fence, dispatched_at_ms))
     return out
 
 
