@@ -156,7 +156,7 @@ def redrive(
         for key in done:
             typer.echo(f"redriven {key}")
         for key in missed:
-            typer.echo(f"not a dead letter: {key}", err=True)
+            typer.echo(f"error: not a dead letter (none of that key, or not failed for good): {key}", err=True)
     if missed and not all_runs:
         raise typer.Exit(EXIT_NO_SUCH_JOB)
 
