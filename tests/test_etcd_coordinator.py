@@ -66,3 +66,32 @@ def test_a_failed_poll_keeps_the_lease_it_had(services: dict[str, Any], keyspace
     finally:
         coordinator.release("node-1")
         coordinator.close()
+
+
+def test_a_partition_won_by_a_failed_poll_and_no_longer_its_own_is_handed_over(
+    services: dict[str, Any], keyspace: str
+) -> None:
+    # The poll that won partition 0 failed publishing its fence; before the
+    # next, a node sorting first joined, whose share partition 0 is. The
+    # key was neither led nor handed over: held under a lease that lived
+    # on, nobody led partition 0 while its holder lived.
+    failures = {"left": 1}
+
+    def publish(partition: int, fence: int) -> None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise TimeoutError("publishing the fence timed out")
+
+    config = cluster_config_for(services, keyspace, kafka_partitions=2)
+    late, joining = (EtcdCoordinator(config, partitions=2, publish_fence=publish) for _ in range(2))
+    try:
+        with pytest.raises(TimeoutError):
+            late.poll("node-2", 0)
+        assert joining.poll("node-1", 0) == {}  # partition 0 still held by node-2
+        assert sorted(late.poll("node-2", 0)) == [1]
+        assert sorted(joining.poll("node-1", 0)) == [0]
+    finally:
+        late.release("node-2")
+        joining.release("node-1")
+        late.close()
+        joining.close()

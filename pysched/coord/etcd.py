@@ -125,12 +125,13 @@ class EtcdCoordinator:
             nodes = sorted([*nodes, holder])
         desired = {p for p in range(self.partitions) if nodes[p % len(nodes)] == holder}
         leaders = await self._leaders()
-        owned: dict[int, int] = {}
         before = self._owned.get(holder, {})
-        for p, current in leaders.items():
-            if current.holder == holder and before.get(p) == current.fence:
-                owned[p] = current.fence
-        for p in sorted(set(owned) - desired):
+        # Every key this holder holds, including one won by a poll that
+        # failed before it could say so (its publishing failed): led, or
+        # handed over, never left held by a lease that lives on.
+        mine = {p: current.fence for p, current in leaders.items() if current.holder == holder}
+        owned = {p: fence for p, fence in mine.items() if before.get(p) == fence}
+        for p in sorted(set(mine) - desired):
             # Hand it over: another node should lead it now.
             key = self._key("leaders", p)
             await self._client.transaction(
@@ -138,16 +139,16 @@ class EtcdCoordinator:
                 success=[self._client.transactions.delete(key)],
                 failure=[],
             )
-            del owned[p]
+            owned.pop(p, None)
         for p in sorted(desired - set(owned)):
-            if p in leaders and leaders[p].holder == holder:
+            if p in mine:
                 # Won in an earlier poll whose publishing failed (a store or
                 # Redis timeout): publish again, then lead it.
                 if self.publish_fence is not None:
-                    self.publish_fence(p, leaders[p].fence)
-                owned[p] = leaders[p].fence
+                    self.publish_fence(p, mine[p])
+                owned[p] = mine[p]
                 continue
-            if p in leaders and leaders[p].holder != holder:
+            if p in leaders:
                 continue  # still held by its previous leader: wait for its hand-over or its lease
             key = self._key("leaders", p)
             won, responses = await self._client.transaction(

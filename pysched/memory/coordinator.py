@@ -145,15 +145,14 @@ class MemoryCoordinator:
 
     def poll(self, holder: str, now_ms: int) -> dict[int, int]:
         # Time is etcd's (the injected clock), not the caller's ``now_ms``.
-        with self.election.lock:
-            try:
-                with self._op("poll"):
-                    return self._poll(holder)
-            except Exception:
-                # Unsure whether the lease lives: lead nothing until it is proven.
-                self._owned.pop(holder, None)
-                self._leases.pop(holder, None)
-                raise
+        # As the etcd client: a failed poll keeps the lease and what it won
+        # (the next poll refreshes the lease, or finds it expired and starts
+        # over); whether to go on leading meanwhile is the leader's call
+        # (answer_valid_ms). Dropping the lease here left the partitions won
+        # under it held by a lease nobody refreshed, and the next poll took
+        # them up again as its own: led on past that lease's end.
+        with self.election.lock, self._op("poll"):
+            return self._poll(holder)
 
     def release(self, holder: str) -> None:
         e = self.election
@@ -202,23 +201,22 @@ class MemoryCoordinator:
         nodes = sorted(e.nodes)
         desired = {p for p in range(self.partitions) if nodes[p % len(nodes)] == holder}
         before = self._owned.get(holder, {})
-        owned = {
-            p: k.mod_revision
-            for p, k in e.leader_keys.items()
-            if k.holder == holder and before.get(p) == k.mod_revision
-        }
-        for p in sorted(set(owned) - desired):
+        # Every key this holder's lease holds, including one won by a poll
+        # that failed before it could say so (its publishing failed): led,
+        # or handed over, never left held by a lease that lives on.
+        mine = {p: k.mod_revision for p, k in e.leader_keys.items() if k.holder == holder and k.lease_id == lease_id}
+        owned = {p: fence for p, fence in mine.items() if before.get(p) == fence}
+        for p in sorted(set(mine) - desired):
             e.delete_leader_key(p, holder)  # hand it over: another holder should lead it
-            del owned[p]
+            owned.pop(p, None)
         for p in sorted(desired - set(owned)):
-            key = e.leader_keys.get(p)
-            if key is not None and key.holder == holder:
+            if p in mine:
                 # Won in an earlier poll whose publishing failed: publish
                 # again, then lead it.
-                self._publish(p, key.mod_revision)
-                owned[p] = key.mod_revision
+                self._publish(p, mine[p])
+                owned[p] = mine[p]
                 continue
-            if key is not None:
+            if p in e.leader_keys:
                 continue  # still held by its previous leader: wait for its hand-over or its lease
             fence = e.create_leader_key(p, holder, lease_id)
             if fence is not None:
