@@ -1,6 +1,6 @@
 """The simulator: seeds in short form (each a world with faults, checked for
-lost, doubled, early and late runs), its replay, and that it catches a loss
-when one is put back."""
+lost, doubled, early and late runs, and for sends under a fence that no
+longer leads), its replay, and that it catches holes put back."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from pysched.clock import ManualClock
 from pysched.leader.cache import RunCache
+from pysched.leader.leases import LeaseKeeper
 from pysched.protocols import SETTLE_MS, MissedRuns
 from pysched.sim.invariants import check_runs
 from pysched.sim.ledger import Execution, Ledger
@@ -89,6 +90,20 @@ def test_the_watermark_hole_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -
     faults = frozenset({"crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "skew"})
     found = [simulate(SimConfig(seed, jobs=300, hours=0.5, faults=faults)) for seed in (32, 36)]
     assert all(any(v.kind == "lost" for v in report.violations) for report in found)
+
+
+def test_leading_on_an_expired_answer_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 10, hole 5: a leader kept leading on its last answer while the
+    # coordinator could not be reached or the node was paused past its
+    # lease. The workers' fence checks turn its sends away, so no run is
+    # lost or doubled; the checker sees the sends themselves.
+    def granted_whatever_its_age(self: LeaseKeeper, now: int) -> dict[int, int]:
+        return dict(self._owned)
+
+    monkeypatch.setattr(LeaseKeeper, "granted", granted_whatever_its_age)
+    for faults in ({"pause"}, {"coordinator"}):
+        report = simulate(SimConfig(2, jobs=200, hours=0.5, faults=frozenset(faults), fault_count=8))
+        assert any(v.kind == "fence" and "stopped leading" in v.detail for v in report.violations), faults
 
 
 def test_the_checker_names_each_kind_of_violation() -> None:

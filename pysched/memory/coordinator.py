@@ -65,6 +65,11 @@ class Election:
         self.nodes: dict[str, int] = {}  # holder -> lease id
         self.leader_keys: dict[int, LeaderKey] = {}
         self.granted: list[FenceGrant] = []
+        # (partition, fence) -> the first instant its leader key no longer
+        # led: the lease's end, however late it was reaped, or the instant
+        # after the key was deleted (a leader hands a partition over after
+        # its sends of that instant).
+        self.fence_ended: dict[tuple[int, int], int] = {}
         self._lease_ids = 0
 
     # -- read back by a simulator's checker ------------------------------------
@@ -72,6 +77,19 @@ class Election:
     def grants(self) -> list[FenceGrant]:
         with self.lock:
             return list(self.granted)
+
+    def leading_at(self, partition: int, fence: int, at_ms: int) -> bool:
+        """Whether the leader key of ``partition`` with ``fence`` was alive
+        at ``at_ms`` (a time not later than now)."""
+        with self.lock:
+            ended = self.fence_ended.get((partition, fence))
+            if ended is not None:
+                return at_ms < ended
+            key = self.leader_keys.get(partition)
+            if key is None or key.mod_revision != fence:
+                return False
+            lease = self.leases.get(key.lease_id)
+            return lease is not None and at_ms < lease.expires_at_ms
 
     def leader_table(self) -> dict[int, LeaderKey]:
         with self.lock:
@@ -92,11 +110,14 @@ class Election:
         return self._lease_ids
 
     def revoke(self, lease_id: int) -> None:
-        if self.leases.pop(lease_id, None) is None:
+        row = self.leases.pop(lease_id, None)
+        if row is None:
             return
+        ended = min(self.clock.now_ms(), row.expires_at_ms)
         for holder in [h for h, i in self.nodes.items() if i == lease_id]:
             del self.nodes[holder]
         for p in [p for p, k in self.leader_keys.items() if k.lease_id == lease_id]:
+            self.fence_ended[(p, self.leader_keys[p].mod_revision)] = ended
             del self.leader_keys[p]
         self.revision += 1
 
@@ -117,6 +138,7 @@ class Election:
         """Delete if its value is ``holder``."""
         key = self.leader_keys.get(partition)
         if key is not None and key.holder == holder:
+            self.fence_ended[(partition, key.mod_revision)] = self.clock.now_ms() + 1
             del self.leader_keys[partition]
             self.revision += 1
 

@@ -97,6 +97,10 @@ class Broker:
         with self.lock:
             return list(self.logs[partition])
 
+    def records_since(self, partition: int, offset: int) -> list[LogRecord]:
+        with self.lock:
+            return self.logs[partition][offset:]
+
     def records(self) -> list[LogRecord]:
         with self.lock:
             return [r for log in self.logs for r in log]

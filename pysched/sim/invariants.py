@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pysched.memory.coordinator import FenceGrant
+from pysched import native
+from pysched.memory.coordinator import Election, FenceGrant
+from pysched.memory.dispatcher import Broker
 from pysched.protocols import MissedRuns
 from pysched.sim.faults import MAX_SKEW_MS
 from pysched.sim.ledger import Ledger
@@ -45,6 +47,32 @@ class FenceWatch:
                     grant.at_ms,
                 )
             self._last[grant.partition] = grant.fence
+        return None
+
+
+class LeaderWatch:
+    """Checks, as records reach the broker, that each was handed on under a
+    leader key alive when it was: a leader that kept leading on an expired
+    answer (a pause past its lease, etcd unreachable) sends under a fence
+    that no longer leads, and its workers' fence checks would hide it."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}  # broker partition -> records checked
+
+    def check(self, broker: Broker, election: Election) -> Violation | None:
+        for partition in range(broker.partitions):
+            seen = self._seen.get(partition, 0)
+            new = broker.records_since(partition, seen)
+            self._seen[partition] = seen + len(new)
+            for record in new:
+                sent = native.decode(record.payload)
+                if not election.leading_at(sent.partition, sent.fence, record.appended_at_ms):
+                    return Violation(
+                        "fence",
+                        f"{sent.idempotency_key} handed on under fence {sent.fence} of partition {sent.partition},"
+                        " whose leader key had stopped leading",
+                        record.appended_at_ms,
+                    )
         return None
 
 

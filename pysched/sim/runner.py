@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pysched.protocols import MissedRuns
 from pysched.registry import register_many
 from pysched.sim.faults import KINDS, MAX_SKEW_MS, plan_faults
-from pysched.sim.invariants import FenceWatch, Violation, check_runs
+from pysched.sim.invariants import FenceWatch, LeaderWatch, Violation, check_runs
 from pysched.sim.ledger import close_ledger, open_ledger
 from pysched.sim.workload import OwedRuns, make_jobs
 from pysched.sim.world import World
@@ -69,10 +69,13 @@ def simulate(config: SimConfig) -> SimReport:
         jobs = make_jobs(rng, config.jobs, world_id, START_MS, end - START_MS, config.flaky)
         register_many(world.nodes[0].clients.store, jobs, START_MS)
         fences = FenceWatch()
+        leaders = LeaderWatch()
         report = SimReport(config)
         while world.clock.now_ms() < end:
             world.round()
-            violation = fences.check(world.cluster.election.grants())
+            violation = fences.check(world.cluster.election.grants()) or leaders.check(
+                world.cluster.broker, world.cluster.election
+            )
             if violation is not None:
                 report.violations.append(violation)
                 break
