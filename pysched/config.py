@@ -17,6 +17,8 @@
     temporal_address = "127.0.0.1:7233"  # the Temporal server of --temporal targets
     breaker_failures = 5            # a downstream's failures in a row that open its breaker
     breaker_open_s = 30             # how long it stays open before one probe
+    retry_budget_ratio = 0.1        # retries a minute: this ratio of first attempts,
+    retry_budget_floor = 3          # but at least this many (--retry-budget RATIO:FLOOR wins)
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
 PYSCHED_TEMPORAL_ADDRESS is also what the embedded engine's workers read,
@@ -47,6 +49,8 @@ MAX_GRACE_S = 86_400
 # Runs found long overdue that a leader hands on a second (LeaderConfig).
 DEFAULT_CATCH_UP_RATE = 500
 MAX_CATCH_UP_RATE = 100_000
+# The retries a minute a downstream's retry budget always allows, at most.
+MAX_BUDGET_FLOOR = 100_000
 
 
 class ConfigError(ValueError):
@@ -101,6 +105,16 @@ class ClusterConfig(BaseModel):
     )
     breaker_open_s: float = Field(
         default=30.0, gt=0, le=86_400, allow_inf_nan=False, description="seconds a breaker stays open before a probe"
+    )
+    retry_budget_ratio: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="retries of a downstream allowed over a sliding minute, as a ratio of its first attempts",
+    )
+    retry_budget_floor: int = Field(
+        default=3, ge=0, le=MAX_BUDGET_FLOOR, description="retries a minute a downstream's budget always allows"
     )
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pysched.stores.sqlite_db import SQLiteDatabase
-from tests.helpers import cli, cli_json
+from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
 
 
 def test_breakers_lists_none_on_a_new_database_and_refuses_bad_input(tmp_path: Path, db_path: Path) -> None:
@@ -18,3 +20,29 @@ def test_breakers_lists_none_on_a_new_database_and_refuses_bad_input(tmp_path: P
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     up = cli("up", "--breaker-open", "0", db=db_path, check=False)
     assert up.returncode == 2 and "--breaker-open" in up.stderr
+
+
+@pytest.mark.parametrize("value", ["0.1", "2:3", "0.1:-1", "x:3", "0.1:1.5", "nan:3", "0.1:100001"])
+def test_a_bad_retry_budget_is_refused_naming_the_option(db_path: Path, value: str) -> None:
+    up = cli("up", "--retry-budget", value, db=db_path, check=False)
+    assert up.returncode == 2, up.stderr
+    assert up.stderr.startswith("error: --retry-budget: RATIO:FLOOR") and "Traceback" not in up.stderr
+
+
+def test_a_retry_budget_of_none_sends_a_failing_run_straight_to_the_dead_letters(tmp_path: Path, db_path: Path) -> None:
+    # --retries 3 would retry it; a budget of 0:0 allows no retry at all.
+    node = start_node(db_path, tmp_path, tmp_path / "node.log", "--retry-budget", "0:0", "--workers", "1")
+    try:
+        cli("add", "flaky", "--in", "1", "--shell", "false", "--retries", "3", "--backoff", "1:1", db=db_path)
+        wait_for(
+            lambda: [r["state"] for r in cli_json("history", "flaky", db=db_path)] == ["failed"],
+            60,
+            "the run to fail for good",
+            tmp_path / "node.log",
+        )
+        (run,) = cli_json("history", "flaky", db=db_path)
+        assert "retry budget exhausted for shell:false" in run["error"]
+        (letter,) = cli_json("dlq", "ls", db=db_path)
+        assert len(letter["failures"]) == 1
+    finally:
+        stop_node(node)

@@ -27,7 +27,7 @@ from pysched.cli.common import (
     iso,
 )
 from pysched.cli.signals import StopSignals
-from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_CATCH_UP_RATE, MAX_GRACE_S
+from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_BUDGET_FLOOR, MAX_CATCH_UP_RATE, MAX_GRACE_S
 from pysched.demo import register_demo_jobs
 from pysched.leader import LeaderConfig, RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
@@ -102,21 +102,53 @@ BreakerOpenOption = Annotated[
     ),
 ]
 
+RetryBudgetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--retry-budget",
+        metavar="RATIO:FLOOR",
+        help="Retries of a downstream's failures allowed over a sliding minute: RATIO of its first attempts, but at"
+        " least FLOOR (default 0.1:3; with --config, retry_budget_ratio and retry_budget_floor in the file).",
+    ),
+]
 
-def _breaker(failures: int | None, open_s: float | None, config: str | None) -> BreakerPolicy:
-    """The breakers' policy: the options, else the cluster config's, else the defaults."""
+
+def _breaker(failures: int | None, open_s: float | None, budget: str | None, config: str | None) -> BreakerPolicy:
+    """The breakers' and the retry budget's policy: the options, else the
+    cluster config's, else the defaults."""
+    default = BreakerPolicy()
+    ratio, floor = (None, None) if budget is None else _retry_budget(budget)
     if config is not None:
         cluster = cluster_config(config)
         failures = cluster.breaker_failures if failures is None else failures
         open_s = cluster.breaker_open_s if open_s is None else open_s
-    default = BreakerPolicy()
+        ratio = cluster.retry_budget_ratio if ratio is None else ratio
+        floor = cluster.retry_budget_floor if floor is None else floor
     if open_s is not None and not (math.isfinite(open_s) and 0 < open_s <= MAX_GRACE_S):
         fail(f"--breaker-open: seconds, a number above 0 and up to {MAX_GRACE_S:,}; got {open_s}")
     return replace(
         default,
         failure_threshold=default.failure_threshold if failures is None else failures,
         open_ms=default.open_ms if open_s is None else round(open_s * 1000),
+        budget_ratio=default.budget_ratio if ratio is None else ratio,
+        budget_floor=default.budget_floor if floor is None else floor,
     )
+
+
+def _retry_budget(text: str) -> tuple[float, int]:
+    """RATIO:FLOOR, a ratio from 0 to 1 and a whole number of retries a
+    minute from 0 to 100,000."""
+    ratio_text, sep, floor_text = text.partition(":")
+    try:
+        ratio, floor = float(ratio_text), int(floor_text)
+    except ValueError:
+        ratio, floor = math.nan, -1
+    if not sep or not (math.isfinite(ratio) and 0 <= ratio <= 1) or not 0 <= floor <= MAX_BUDGET_FLOOR:
+        fail(
+            "--retry-budget: RATIO:FLOOR, a ratio of first attempts from 0 to 1 and the retries a minute always"
+            f" allowed, a whole number from 0 to {MAX_BUDGET_FLOOR:,} (e.g. 0.1:3); got {text!r}"
+        )
+    return ratio, floor
 
 
 def _grace(grace: float | None, config: str | None) -> float:
@@ -265,6 +297,7 @@ def up(
     ] = None,
     breaker_failures: BreakerFailuresOption = None,
     breaker_open: BreakerOpenOption = None,
+    retry_budget: RetryBudgetOption = None,
     lease: LeaseOption = None,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
@@ -284,7 +317,7 @@ def up(
         # process: with no worker here, nothing would ever run them.
         fail("--workers: 0 only makes sense with --config and separate `pysched worker` processes")
     grace_s = _grace(grace, config)
-    breaker = _breaker(breaker_failures, breaker_open, config)
+    breaker = _breaker(breaker_failures, breaker_open, retry_budget, config)
     backends = _open(db, config)
     backends.retention = replace(
         backends.retention,
@@ -317,6 +350,7 @@ def worker(
     grace: GraceOption = None,
     breaker_failures: BreakerFailuresOption = None,
     breaker_open: BreakerOpenOption = None,
+    retry_budget: RetryBudgetOption = None,
     lease: LeaseOption = None,
 ) -> None:
     """Run executors only, consuming the cluster's dispatch topic.
@@ -326,7 +360,7 @@ def worker(
     interrupted, recorded interrupted, and delivered again as their next
     attempt."""
     grace_s = _grace(grace, config)
-    breaker = _breaker(breaker_failures, breaker_open, config)
+    breaker = _breaker(breaker_failures, breaker_open, retry_budget, config)
     backends = _open(DEFAULT_DB, config, coordinator=False)
     _serve(
         backends,
