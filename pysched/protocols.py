@@ -111,15 +111,25 @@ def delivery_for(handed_attempt: int, handed_fence: int | None, fence: int) -> i
     return handed_attempt + 1
 
 
-def started_attempt(interrupted_attempt: int | None, delivered_attempt: int) -> int:
-    """The attempt a start of a run is: its delivery's, but past the attempt
-    interrupted when the run's last attempt was (``interrupted_attempt``),
-    whichever delivery brings the run again (a leader's carries the next
-    attempt already; Kafka's may be the very record the stopped worker let
-    go of)."""
-    if interrupted_attempt is None:
-        return delivered_attempt
-    return max(interrupted_attempt + 1, delivered_attempt)
+def next_attempt(attempt: int, ended_attempt: int) -> int:
+    """The attempt a start of a run is: one past the last attempt that ended
+    in a failure or an interruption (``ended_attempt``, 0: none), else the
+    attempt already started (``attempt``, 0: none). A run taken over from a
+    worker that died, handed on again by a new leader, or parked on its way
+    is the same attempt: no attempt of it ended. The attempt counts what the
+    user sees; the delivery number (``Run.attempt``) counts hand-overs."""
+    if ended_attempt >= attempt:
+        return ended_attempt + 1
+    return attempt
+
+
+def shown_attempt(state: str, attempt: int, ended_attempt: int) -> int:
+    """The attempt a run's history shows: of its current or last start,
+    but for a run handed on (or parked) and not started since, the attempt
+    its start will be."""
+    if state in ("dispatched", "parked"):
+        return next_attempt(attempt, ended_attempt)
+    return attempt
 
 
 def add_read_run(rows: dict[int, Run], run: Run) -> None:
@@ -229,6 +239,8 @@ class RunRecord:
     # owed again at ``due_ms`` (when the breaker lets runs through again),
     # or waiting for its job's previous run to end (overlap buffer_one).
     state: str
+    # The attempt of its current or last start (shown_attempt; 0 before it
+    # is handed on): what ctx.attempt says, not how often it was handed on.
     attempt: int
     fence: int | None
     dispatched_at_ms: int | None
@@ -502,19 +514,20 @@ class ScheduleStore(Protocol):
         ...
 
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
-        """Record the start; the attempt it is, or None when the run was
-        cancelled (or replaced by a reschedule) after it was handed on: it
-        must not run. The attempt is the record's, except after an
-        interruption (run_interrupted): a start is then one attempt past the
-        one interrupted, whichever delivery brings it (a leader's, as the
-        next attempt; Kafka's, the very record the stopped worker let go)."""
+        """Record the start; the attempt it is (``next_attempt``), or None
+        when the run was cancelled (or replaced by a reschedule) after it
+        was handed on: it must not run. The attempt is not the record's
+        delivery number: a run whose worker died is started again as the
+        same attempt, one that failed or was interrupted as the next,
+        whichever delivery brings it. The run keeps the highest delivery
+        it has met, so that a retry or a park is read as a later one."""
         ...
 
     def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
         """Record that the run's execution was stopped before it ended (its
         node stopped past its grace period), if the run is running: state
         ``interrupted``, with ``error`` saying why. A run not running keeps
-        its record. The run is owed again, as a new attempt (run_started),
+        its record. The run is owed again, as the next attempt (run_started),
         the way a run whose worker died is: its claim was let go, and its
         delivery was not acknowledged, so the embedded engine's next leader
         hands it on again and Kafka delivers it again. A reschedule cancels

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from pysched.coord.local import SQLiteLeaseCoordinator
+from pysched.records import DispatchRecord
+from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import SCHEMA, SQLiteDatabase
 from tests.helpers import cli, cli_json
 
@@ -67,6 +69,28 @@ def test_a_database_made_before_the_mark_is_still_used(db_path: Path) -> None:
     assert cli_json("ls", db=db_path) == []
     cli(*ADD, db=db_path)
     assert [job["id"] for job in cli_json("ls", db=db_path)] == ["job"]
+
+
+def test_a_database_made_before_runs_kept_deliveries_apart_keeps_its_runs_owed(db_path: Path) -> None:
+    # Its ``attempt`` was the delivery: a run retrying after its second
+    # delivery failed is handed on as the third, and starts as attempt 3.
+    old = SCHEMA.replace("    delivery INTEGER NOT NULL DEFAULT 0,\n", "").replace(
+        "    ended_attempt INTEGER NOT NULL DEFAULT 0,\n", ""
+    )
+    with sqlite3.connect(db_path) as conn:
+        conn.executescript(old)
+        assert "delivery" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+        conn.execute("INSERT INTO jobs VALUES ('job', '{}', 'active', 0, 0, 0, 0)")
+        conn.execute(
+            "INSERT INTO runs (job_id, run_at_ms, due_ms, partition, attempt, state)"
+            " VALUES ('job', 1, 5, 0, 2, 'retrying')"
+        )
+    store = SQLiteScheduleStore(db_path)
+    (run,) = store.due_runs({0: 1}, 1_000, 10)
+    assert run.attempt == 3
+    record = DispatchRecord(*run, fence=1, dispatched_at_ms=10)
+    assert store.run_started(record, "w1", 20) == 3
+    store.db.close()
 
 
 def _garbage(path: Path) -> None:

@@ -193,7 +193,7 @@ def test_a_resend_plans_nothing_twice(backend: Backend) -> None:
     assert [(r.run_id, r.due_ms) for r in later] == [(planned.run_id, T0 + 120_000)]
 
 
-def test_a_run_read_again_by_a_new_leader_is_its_next_attempt(backend: Backend) -> None:
+def test_a_run_read_again_by_a_new_leader_is_its_next_delivery_and_the_same_attempt(backend: Backend) -> None:
     store = backend.store
     store.add_job(once_job("o", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
     (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 100)
@@ -206,10 +206,12 @@ def test_a_run_read_again_by_a_new_leader_is_its_next_attempt(backend: Backend) 
     (again,) = store.due_runs(every(2), T0 + 60_000, T0 + 300)
     assert (again.run_id, again.attempt) == (sent.run_id, 2)
     record_sent(store, [again], every(2), {}, T0 + 300)
-    assert [(r.state, r.attempt) for r in store.history("o")] == [("dispatched", 2)]
+    # No attempt of it ended: its start is still the first attempt.
+    assert [(r.state, r.attempt) for r in store.history("o")] == [("dispatched", 1)]
     # A run rejected for the old fence and handed back is not a third delivery.
     store.hand_back(record(sent, 1), T0 + 400)
     assert [r.attempt for r in store.due_runs(every(2), T0 + 60_000, T0 + 500)] in ([], [2])
+    assert store.run_started(record(again, 2), "w1", T0 + 600) == 1
 
 
 def test_a_job_rescheduled_to_an_earlier_time_keeps_its_schedule(backend: Backend) -> None:

@@ -76,7 +76,8 @@ def test_a_parked_run_is_owed_again_when_parked_until_with_no_failure(backend: B
     (again,) = [r for r in store.due_runs(every(1), t0 + 60_000, t0 + 5_000) if r.due_ms >= t0 + 5_000]
     assert (again.run_id, again.due_ms, again.attempt) == (run_id, t0 + 5_000, 2)
     record_sent(store, [again], every(1), {}, t0 + 5_000)
-    assert store.run_started(record(again, 1), "w1", t0 + 5_010) == 2
+    # A park spends no attempt: its start is the first.
+    assert store.run_started(record(again, 1), "w1", t0 + 5_010) == 1
     store.run_finished(record(again, 1)._replace(attempt=2), "succeeded", None, "ok", t0 + 5_020)
     done = store.get_run("o", run_at)
     assert (done.state, done.failures) == ("succeeded", ())

@@ -16,16 +16,21 @@ def _failure(attempt: int, at: int, dead: bool = False) -> FailedAttempt:
     return FailedAttempt(attempt, "w1", at - 50, at, f"exit status {attempt}", "exception", dead)
 
 
-def _failed_once(backend: Backend, retry_due: int | None) -> tuple[int, int]:
-    """A one-shot due at T0+100, handed on, started and failed once; its
-    (run id, run_at)."""
+def _started_once(backend: Backend) -> Run:
+    """A one-shot due at T0+100, handed on and started by w1 at T0+160."""
     t0 = contract.T0
     store = backend.store
     store.add_job(once_job("o", t0 + 100), 0, 0, PlannedRun(t0 + 100, t0 + 100), t0)
     (sent,) = store.due_runs(every(1), t0 + 60_000, t0 + 150)
     record_sent(store, [sent], every(1), {}, t0 + 150)
     assert store.run_started(record(sent, 1), "w1", t0 + 160) == 1
-    store.run_failed(record(sent, 1), _failure(1, t0 + 200, retry_due is None), retry_due)
+    return sent
+
+
+def _failed_once(backend: Backend, retry_due: int | None) -> tuple[int, int]:
+    """That run, failed once; its (run id, run_at)."""
+    sent = _started_once(backend)
+    backend.store.run_failed(record(sent, 1), _failure(1, contract.T0 + 200, retry_due is None), retry_due)
     return sent.run_id, sent.run_at_ms
 
 
@@ -178,3 +183,25 @@ def test_a_late_record_of_the_failed_attempts_dispatch_leaves_its_retry_owed(bac
     assert store.get_run("o", sent.run_at_ms).state == "retrying"
     (again,) = [r for r in store.due_runs(every(1), t0 + 60_000, t0 + 5_000) if r.attempt > 1]
     assert (again.run_id, again.due_ms, again.attempt) == (sent.run_id, t0 + 5_000, 2)
+
+
+def test_a_run_started_again_after_its_worker_died_is_the_same_attempt(backend: Backend) -> None:
+    # The issue's "attempt unchanged": a worker that dies mid-run ended no
+    # attempt, so the execution that takes the run over (a leader's later
+    # delivery embedded, the very record again on Kafka) is the same one;
+    # a failure after it makes the retry the next.
+    t0 = contract.T0
+    store = backend.store
+    sent = _started_once(backend)
+    assert store.run_started(record(sent, 1)._replace(attempt=2), "w2", t0 + 40_000) == 1
+    assert store.run_started(record(sent, 1), "w3", t0 + 80_000) == 1
+    (run,) = store.history("o")
+    assert (run.state, run.attempt, run.worker) == ("running", 1, "w3")
+    store.run_failed(record(sent, 1)._replace(attempt=2), _failure(1, t0 + 80_100), t0 + 85_000)
+    (again,) = store.due_runs(every(1), t0 + 160_000, t0 + 81_000)
+    # Later than every delivery the run met, so no leader takes it for one
+    # it has sent already.
+    assert again.attempt == 3
+    record_sent(store, [again], every(1), {}, t0 + 85_000)
+    assert store.run_started(record(again, 1), "w4", t0 + 85_010) == 2
+    assert [(r.state, r.attempt) for r in store.history("o")] == [("running", 2)]

@@ -11,6 +11,7 @@ from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
 from pysched.model import Job
 from pysched.node import open_embedded
+from pysched.protocols import ClaimOutcome
 from pysched.registry import register
 
 T0 = 1_700_000_040_000
@@ -54,4 +55,12 @@ def test_a_dead_workers_run_is_handed_on_again_when_its_lease_runs_out(tmp_path:
     # 30 s after the last; and once only.
     assert [e.attempt for e in fired] == [1, 2]
     assert started + LEASE_MS < fired[1].dispatched_at_ms <= started + LEASE_MS + 1_010
+    # Taken over, it is the same attempt: the dead worker's ended none.
+    redelivered = backends.dispatcher.take(0)
+    assert redelivered is not None
+    again = native.decode(redelivered.payload)
+    assert again.attempt == 2
+    claim = backends.claims.claim(again, "worker/2", clock.now_ms(), LEASE_MS)
+    assert claim.outcome is ClaimOutcome.TAKEN_OVER
+    assert backends.store.run_started(again, "worker", clock.now_ms()) == 1
     backends.close()

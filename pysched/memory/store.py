@@ -58,8 +58,9 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    next_attempt,
     runs_behind,
-    started_attempt,
+    shown_attempt,
     still_owed,
     within_fences,
 )
@@ -106,7 +107,7 @@ class RunRow:
     due_ms: int
     partition: int
     state: str  # scheduled | running | succeeded | failed | cancelled | interrupted
-    attempt: int = 0
+    attempt: int = 0  # the attempt a user sees (protocols.next_attempt)
     fence: int | None = None
     dispatched_at_ms: int | None = None
     started_at_ms: int | None = None
@@ -114,9 +115,10 @@ class RunRow:
     worker: str | None = None
     error: str | None = None
     result: str | None = None
-    # The attempt interrupted, while the run is: a dispatch since may have
-    # written the next one to ``attempt`` already, as on Cassandra.
-    interrupted_attempt: int | None = None
+    # The delivery last handed on or started (Run.attempt), and the last
+    # attempt that failed or was interrupted, as on Cassandra.
+    delivery: int = 0
+    ended_attempt: int = 0
     # Failed attempts by number (Cassandra's map column).
     failures: tuple[tuple[int, FailedAttempt], ...] = ()
 
@@ -555,7 +557,7 @@ class MemoryScheduleStore:
                 run.job_id, run.run_at_ms, run.attempt_group, run.run_id, run.due_ms, run.partition, "scheduled"
             )
         self.tables.upsert_run(
-            run.job_id, key, replace_row(row, fence=fence, dispatched_at_ms=now_ms, attempt=run.attempt)
+            run.job_id, key, replace_row(row, fence=fence, dispatched_at_ms=now_ms, delivery=run.attempt)
         )
         # On Cassandra an update of a schedule row deleted meanwhile (its run
         # was cancelled) leaves a row with no run, which due_runs skips: as
@@ -598,7 +600,7 @@ class MemoryScheduleStore:
             row = self._run_for(record)
             if row.state in ("cancelled", "missed"):
                 return None
-            attempt = started_attempt(row.interrupted_attempt if row.state == "interrupted" else None, record.attempt)
+            attempt = next_attempt(row.attempt, row.ended_attempt)
             self._put_run(
                 record,
                 replace_row(
@@ -607,6 +609,7 @@ class MemoryScheduleStore:
                     started_at_ms=now_ms,
                     worker=worker,
                     attempt=attempt,
+                    delivery=max(row.delivery, record.attempt),
                     error=None,
                     ended_at_ms=None,
                     result=None,
@@ -618,11 +621,8 @@ class MemoryScheduleStore:
         with self._op("run_interrupted"):
             row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
             if row is not None and row.state == "running":
-                attempt = record.attempt
                 ended = replace_row(row, ended_at_ms=now_ms, error=error, result=None)
-                self._put_run(
-                    record, replace_row(ended, state="interrupted", attempt=attempt, interrupted_attempt=attempt)
-                )
+                self._put_run(record, replace_row(ended, state="interrupted", ended_attempt=row.attempt))
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
@@ -656,10 +656,17 @@ class MemoryScheduleStore:
             failures = dict(row.failures)
             failures[failure.attempt] = failure
             row = replace_row(row, failures=tuple(sorted(failures.items())))
+            delivery = max(row.delivery, record.attempt)
             if row.state in ("succeeded", "cancelled"):
                 self._put_run(record, row)
                 return
-            ended = replace_row(row, ended_at_ms=failure.ended_at_ms, error=failure.error, result=failure.result)
+            ended = replace_row(
+                row,
+                ended_attempt=max(row.ended_attempt, failure.attempt),
+                ended_at_ms=failure.ended_at_ms,
+                error=failure.error,
+                result=failure.result,
+            )
             job = self.tables.jobs.get(record.job_id)
             if retry_due_ms is not None and job is not None and job.state == "cancelled":
                 self._put_run(record, replace_row(ended, state="cancelled"))
@@ -673,9 +680,9 @@ class MemoryScheduleStore:
                 self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
                 return
             # As a hand-back: a row of its own at the retry's due time, whose
-            # delivery is one past the attempt that failed; the row it was
+            # delivery is one past the latest the run met; the row it was
             # delivered from goes, or the run would be due again at once.
-            self._schedule_again(record, retry_due_ms, record.attempt)
+            self._schedule_again(record, retry_due_ms, delivery)
             self._op.midway("run_failed")
             self._put_run(record, replace_row(ended, state="retrying", due_ms=retry_due_ms))
             if retry_due_ms != record.due_ms:
@@ -694,9 +701,10 @@ class MemoryScheduleStore:
                 return
             # As a retry: a row of its own at ``due_ms``, read as the delivery
             # after the one parked; the row it was delivered from goes.
-            self._schedule_again(record, due_ms, record.attempt)
+            delivery = max(row.delivery, record.attempt)
+            self._schedule_again(record, due_ms, delivery)
             self._op.midway("run_parked")
-            parked = replace_row(row, state="parked", due_ms=due_ms, attempt=max(row.attempt, record.attempt))
+            parked = replace_row(row, state="parked", due_ms=due_ms, delivery=delivery)
             self._put_run(record, replace_row(parked, error=reason))
             if due_ms != record.due_ms:
                 self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
@@ -798,21 +806,21 @@ class MemoryScheduleStore:
                 return False
             due = now_ms + HAND_BACK_MS  # ahead of any watermark
             record = DispatchRecord(
-                row.run_id, job_id, run_at_ms, row.due_ms, row.partition, row.attempt, attempt_group, 0, 0
+                row.run_id, job_id, run_at_ms, row.due_ms, row.partition, row.delivery, attempt_group, 0, 0
             )
-            self._schedule_again(record, due, row.attempt)
+            self._schedule_again(record, due, row.delivery)
             self._put_run(record, replace_row(row, state="retrying", due_ms=due, ended_at_ms=None))
             self._op.midway("redrive")
             del self.tables.dead_letters[key]
             self.tables.bump(row.partition)
             return True
 
-    def _schedule_again(self, record: DispatchRecord, due_ms: int, attempt: int) -> None:
+    def _schedule_again(self, record: DispatchRecord, due_ms: int, delivery: int) -> None:
         """A schedule row for ``record``'s run at ``due_ms``, read as the
-        delivery after ``attempt`` (no fence: it was handed on by none)."""
+        delivery after ``delivery`` (no fence: it was handed on by none)."""
         self.tables.put_schedule(
             ScheduleRow(
-                record.partition, due_ms, record.run_id, record.job_id, record.run_at_ms, record.attempt_group, attempt
+                record.partition, due_ms, record.run_id, record.job_id, record.run_at_ms, record.attempt_group, delivery
             )
         )
 
@@ -889,7 +897,16 @@ class MemoryScheduleStore:
         old = self.tables.runs.get(job_id, {}).get(key)
         new = RunRow(job_id, run.run_at_ms, 0, run_id, run.due_ms, partition, "scheduled")
         if old is not None:
-            new = replace_row(old, run_id=run_id, due_ms=run.due_ms, partition=partition, state="scheduled", attempt=0)
+            new = replace_row(
+                old,
+                run_id=run_id,
+                due_ms=run.due_ms,
+                partition=partition,
+                state="scheduled",
+                attempt=0,
+                delivery=0,
+                ended_attempt=0,
+            )
         self.tables.upsert_run(job_id, key, new)
         self.tables.put_schedule(ScheduleRow(partition, run.due_ms, run_id, job_id, run.run_at_ms, 0))
 
@@ -940,7 +957,7 @@ def _run_record(row: RunRow) -> RunRecord | None:
         row.run_at_ms,
         row.due_ms,
         state,
-        row.attempt,
+        shown_attempt(state, row.attempt, row.ended_attempt),
         row.fence,
         row.dispatched_at_ms,
         row.started_at_ms,

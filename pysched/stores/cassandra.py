@@ -74,8 +74,9 @@ from pysched.protocols import (
     add_read_run,
     delivery_for,
     is_near,
+    next_attempt,
     runs_behind,
-    started_attempt,
+    shown_attempt,
     still_owed,
     within_fences,
 )
@@ -115,7 +116,7 @@ _PRUNE_READ_JOBS = 256
 # What get_run and dead_letters read of a run.
 _FULL_RUN_COLUMNS = (
     "run_id, job_id, run_at_ms, attempt_group, due_ms, partition, state, attempt, fence, dispatched_at_ms,"
-    " started_at_ms, ended_at_ms, worker, error, result, failures, dead_at_ms"
+    " started_at_ms, ended_at_ms, worker, error, result, failures, dead_at_ms, delivery, ended_attempt"
 )
 
 
@@ -187,7 +188,7 @@ SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.runs (job_id text, run_at_ms bigint, attempt_group int, run_id bigint,"
     " due_ms bigint, partition int, state text, attempt int, fence bigint, dispatched_at_ms bigint,"
     " started_at_ms bigint, ended_at_ms bigint, worker text, error text, result text, interrupted_attempt int,"
-    " failures map<int, text>, dead_at_ms bigint,"
+    " failures map<int, text>, dead_at_ms bigint, delivery int, ended_attempt int,"
     " PRIMARY KEY ((job_id), run_at_ms, attempt_group)) WITH CLUSTERING ORDER BY (run_at_ms DESC, attempt_group ASC)",
     # The attempt interrupted, while the run is: a dispatch since (which
     # writes attempt, never state) may have written the next one to attempt.
@@ -198,6 +199,11 @@ SCHEMA = [
     # the failure time its dead_letters row is clustered by (how redrive and
     # pruning find that row, and how a stale one is told apart).
     "ALTER TABLE {ks}.runs ADD IF NOT EXISTS (failures map<int, text>, dead_at_ms bigint)",
+    # attempt: the attempt a user sees (protocols.next_attempt); delivery:
+    # the delivery last handed on or started (Run.attempt; a row written
+    # before it has it in attempt); ended_attempt: the last attempt that
+    # failed or was interrupted. interrupted_attempt is no longer written.
+    "ALTER TABLE {ks}.runs ADD IF NOT EXISTS (delivery int, ended_attempt int)",
     # The runs that failed for good. One Cassandra partition per schedule
     # partition (the run's), clustered by failure time, newest first:
     # dead_letters(limit) reads the newest ``limit`` of each of a bounded
@@ -289,6 +295,12 @@ def _ahead_of(run: PlannedRun | None, mark: int | None) -> PlannedRun | None:
     return PlannedRun(run.run_at_ms, mark + AHEAD_OF_WATERMARK_MS)
 
 
+def _delivery(row: Any) -> int:
+    """The delivery a run row last met; a row written before runs kept it
+    apart from the attempt kept it in ``attempt``."""
+    return int(row.delivery if row.delivery is not None else row.attempt or 0)
+
+
 class CassandraScheduleStore:
     def __init__(self, session: Session, config: ClusterConfig) -> None:
         self.session = session
@@ -329,8 +341,8 @@ class CassandraScheduleStore:
             " updated_at_ms = ? WHERE job_id = ? IF state = 'active'"
         )
         self._insert_run = p(
-            f"INSERT INTO {ks}.runs (job_id, run_at_ms, attempt_group, run_id, due_ms, partition, state, attempt)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'scheduled', 0)"
+            f"INSERT INTO {ks}.runs (job_id, run_at_ms, attempt_group, run_id, due_ms, partition, state, attempt,"
+            " delivery, ended_attempt) VALUES (?, ?, ?, ?, ?, ?, 'scheduled', 0, 0, 0)"
         )
         self._insert_schedule = p(
             f"INSERT INTO {ks}.schedule (time_bucket, shard, due_ms, run_id, job_id, run_at_ms, attempt_group)"
@@ -377,7 +389,7 @@ class CassandraScheduleStore:
         self._changes = p(f"SELECT partition, n FROM {ks}.changes WHERE k = 0")
         self._bump = p(f"UPDATE {ks}.changes SET n = n + 1 WHERE k = 0 AND partition = ?")
         self._mark_dispatched = p(
-            f"UPDATE {ks}.runs SET fence = ?, dispatched_at_ms = ?, attempt = ? WHERE job_id = ? AND run_at_ms = ?"
+            f"UPDATE {ks}.runs SET fence = ?, dispatched_at_ms = ?, delivery = ? WHERE job_id = ? AND run_at_ms = ?"
             " AND attempt_group = ?"
         )
         # An update, not an insert: a row deleted meanwhile (its run was
@@ -395,15 +407,16 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.jobs SET next_run_at_ms = ?, next_due_ms = ?, updated_at_ms = ? WHERE job_id = ?"
         )
         self._history = p(
-            f"SELECT run_id, job_id, run_at_ms, due_ms, state, attempt, fence, dispatched_at_ms, started_at_ms,"
-            f" ended_at_ms, worker, error, result FROM {ks}.runs WHERE job_id = ? LIMIT ?"
+            f"SELECT run_id, job_id, run_at_ms, due_ms, state, attempt, ended_attempt, fence, dispatched_at_ms,"
+            f" started_at_ms, ended_at_ms, worker, error, result FROM {ks}.runs WHERE job_id = ? LIMIT ?"
         )
         self._run_started = p(
-            f"UPDATE {ks}.runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = ?, error = null,"
+            f"UPDATE {ks}.runs SET state = 'running', started_at_ms = ?, worker = ?, attempt = ?, delivery = ?,"
+            " error = null,"
             " ended_at_ms = null, result = null WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._run_state = p(
-            f"SELECT state, worker, interrupted_attempt FROM {ks}.runs"
+            f"SELECT state, worker, attempt, delivery, ended_attempt FROM {ks}.runs"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._run_finished = p(
@@ -411,7 +424,7 @@ class CassandraScheduleStore:
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._run_interrupted = p(
-            f"UPDATE {ks}.runs SET state = 'interrupted', attempt = ?, interrupted_attempt = ?, ended_at_ms = ?,"
+            f"UPDATE {ks}.runs SET state = 'interrupted', ended_attempt = ?, ended_at_ms = ?,"
             " error = ?, result = null WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._job_run_states = p(
@@ -450,11 +463,13 @@ class CassandraScheduleStore:
         # run_id and partition too: a run pruned meanwhile comes back whole
         # enough to be read, retried and redriven.
         self._end_failed = p(
-            f"UPDATE {ks}.runs SET failures[?] = ?, state = ?, due_ms = ?, ended_at_ms = ?, error = ?, result = ?,"
+            f"UPDATE {ks}.runs SET failures[?] = ?, ended_attempt = ?, state = ?, due_ms = ?, ended_at_ms = ?,"
+            " error = ?, result = ?,"
             " run_id = ?, partition = ? WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._end_dead = p(
-            f"UPDATE {ks}.runs SET failures[?] = ?, state = 'failed', due_ms = ?, ended_at_ms = ?, error = ?,"
+            f"UPDATE {ks}.runs SET failures[?] = ?, ended_attempt = ?, state = 'failed', due_ms = ?, ended_at_ms = ?,"
+            " error = ?,"
             " result = ?, run_id = ?, partition = ?, dead_at_ms = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
@@ -488,7 +503,7 @@ class CassandraScheduleStore:
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._park = p(
-            f"UPDATE {ks}.runs SET state = 'parked', due_ms = ?, attempt = ?, error = ?, run_id = ?, partition = ?"
+            f"UPDATE {ks}.runs SET state = 'parked', due_ms = ?, delivery = ?, error = ?, run_id = ?, partition = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         self._breakers = breaker_tables.CassandraBreakers(session, ks)
@@ -765,7 +780,7 @@ class CassandraScheduleStore:
             r.run_at_ms,
             r.due_ms,
             state,
-            r.attempt or 0,
+            shown_attempt(state, r.attempt or 0, r.ended_attempt or 0),
             r.fence,
             r.dispatched_at_ms,
             r.started_at_ms,
@@ -922,11 +937,11 @@ class CassandraScheduleStore:
         row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is not None and row.state in ("cancelled", "missed"):
             return None
-        interrupted = row.interrupted_attempt if row is not None and row.state == "interrupted" else None
-        attempt = started_attempt(interrupted, record.attempt)
+        attempt = 1 if row is None else next_attempt(row.attempt or 0, row.ended_attempt or 0)
+        delivery = max(record.attempt, 0 if row is None else _delivery(row))
         self.session.execute(
             self._run_started,
-            (now_ms, worker, attempt, record.job_id, record.run_at_ms, record.attempt_group),
+            (now_ms, worker, attempt, delivery, record.job_id, record.run_at_ms, record.attempt_group),
         )
         return attempt
 
@@ -938,7 +953,7 @@ class CassandraScheduleStore:
             return
         self.session.execute(
             self._run_interrupted,
-            (record.attempt, record.attempt, now_ms, error, record.job_id, record.run_at_ms, record.attempt_group),
+            (row.attempt or 0, now_ms, error, record.job_id, record.run_at_ms, record.attempt_group),
         )
 
     def run_finished(
@@ -981,6 +996,8 @@ class CassandraScheduleStore:
         key = (record.job_id, record.run_at_ms, record.attempt_group)
         entry = (failure.attempt, failure.to_json())
         row = self.session.execute(self._get_run, key).one()
+        ended_attempt = max(failure.attempt, 0 if row is None else row.ended_attempt or 0)
+        delivery = max(record.attempt, 0 if row is None else _delivery(row))
         state = "scheduled" if row is None or row.state is None else row.state
         if state in ("succeeded", "cancelled"):
             self.session.execute(self._add_failure, (*entry, *key))
@@ -990,14 +1007,14 @@ class CassandraScheduleStore:
         if retry_due_ms is not None:
             job = self.session.execute(self._job_state, (record.job_id,)).one()
             if job is not None and job.state == "cancelled":
-                self.session.execute(self._end_failed, (*entry, "cancelled", due, *ended, *key))
+                self.session.execute(self._end_failed, (*entry, ended_attempt, "cancelled", due, *ended, *key))
                 return
         delivered_from = (record.due_ms // BUCKET_MS, record.partition, record.due_ms, record.run_id)
         # Logged batches: the run's row, its schedule rows and its dead
         # letter land together or not at all.
         batch = BatchStatement(batch_type=BatchType.LOGGED)
         if retry_due_ms is None:
-            batch.add(self._end_dead, (*entry, due, *ended, failure.ended_at_ms, *key))
+            batch.add(self._end_dead, (*entry, ended_attempt, due, *ended, failure.ended_at_ms, *key))
             batch.add(self._insert_dead_letter, (record.partition, failure.ended_at_ms, *key))
             old = None if row is None else row.dead_at_ms
             if old is not None and old != failure.ended_at_ms:
@@ -1010,14 +1027,14 @@ class CassandraScheduleStore:
             self.session.execute(batch)
             return
         # As a hand-back: a row of its own at the retry's due time, read as
-        # the delivery after the attempt that failed (no fence: handed on by
+        # the delivery after the latest the run met (no fence: handed on by
         # no leader); the row it was delivered from goes, or the run would be
         # due again at once (add_read_run takes the earlier row).
         batch.add(
             self._hand_back_schedule,
-            (retry_due_ms // BUCKET_MS, record.partition, retry_due_ms, record.run_id, *key, record.attempt, None),
+            (retry_due_ms // BUCKET_MS, record.partition, retry_due_ms, record.run_id, *key, delivery, None),
         )
-        batch.add(self._end_failed, (*entry, "retrying", retry_due_ms, *ended, *key))
+        batch.add(self._end_failed, (*entry, ended_attempt, "retrying", retry_due_ms, *ended, *key))
         if retry_due_ms != record.due_ms:
             batch.add(self._delete_schedule, delivered_from)
         self.session.execute(batch)
@@ -1036,12 +1053,13 @@ class CassandraScheduleStore:
         if job is not None and job.state == "cancelled":
             self.session.execute(self._cancel_run_in_group, (now_ms, *key))
             return
+        delivery = max(record.attempt, 0 if row is None else _delivery(row))
         batch = BatchStatement(batch_type=BatchType.LOGGED)
         batch.add(
             self._hand_back_schedule,
-            (due_ms // BUCKET_MS, record.partition, due_ms, record.run_id, *key, record.attempt, None),
+            (due_ms // BUCKET_MS, record.partition, due_ms, record.run_id, *key, delivery, None),
         )
-        batch.add(self._park, (due_ms, record.attempt, reason, record.run_id, record.partition, *key))
+        batch.add(self._park, (due_ms, delivery, reason, record.run_id, record.partition, *key))
         if due_ms != record.due_ms:
             batch.add(
                 self._delete_schedule, (record.due_ms // BUCKET_MS, record.partition, record.due_ms, record.run_id)
@@ -1134,9 +1152,7 @@ class CassandraScheduleStore:
         due = now_ms + HAND_BACK_MS  # ahead of any watermark
         run_id = run_id_for(*key) if row.run_id is None else row.run_id
         batch = BatchStatement(batch_type=BatchType.LOGGED)
-        batch.add(
-            self._hand_back_schedule, (due // BUCKET_MS, row.partition, due, run_id, *key, row.attempt or 0, None)
-        )
+        batch.add(self._hand_back_schedule, (due // BUCKET_MS, row.partition, due, run_id, *key, _delivery(row), None))
         batch.add(self._redrive_run, (due, *key))
         batch.add(self._delete_dead_letter, dead)
         self.session.execute(batch)

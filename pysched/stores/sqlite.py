@@ -41,7 +41,7 @@ from pysched.stores.sqlite_db import SQLiteDatabase
 # worker lease expired was lost with its worker, and so was one whose claim
 # ended but whose outcome never reached its row (the worker died between the
 # two writes): handed on again, it meets its claim, which records it or runs
-# it again as a new attempt. An interrupted run was let go of by its worker,
+# it again as the next delivery. An interrupted run was let go of by its worker,
 # claim and all, and is owed again, whatever its fence; so is a failed run
 # retrying, at its retry's due time, and a run parked by its downstream's
 # breaker, at the time it was parked until.
@@ -55,8 +55,10 @@ _ELIGIBLE = """(
 
 _ELIGIBLE_QMARK = _ELIGIBLE.replace(":fence", "?").replace(":now", "?")
 
+# protocols.shown_attempt, in SQL.
 _RUN_COLUMNS = (
-    "run_id, job_id, run_at_ms, due_ms, state, attempt, fence, dispatched_at_ms,"
+    "run_id, job_id, run_at_ms, due_ms, state, CASE WHEN state IN ('dispatched', 'parked')"
+    " AND ended_attempt >= attempt THEN ended_attempt + 1 ELSE attempt END, fence, dispatched_at_ms,"
     " started_at_ms, ended_at_ms, worker, error, result"
 )
 _BREAKER_COLUMNS = "downstream, version, state, failures, opened_at_ms, reopens_at_ms, probe_until_ms"
@@ -286,7 +288,7 @@ class SQLiteScheduleStore:
         rows = (
             self.db.connection()
             .execute(
-                f"SELECT run_id, job_id, run_at_ms, due_ms, partition, attempt + 1, attempt_group FROM runs"
+                f"SELECT run_id, job_id, run_at_ms, due_ms, partition, delivery + 1, attempt_group FROM runs"
                 f" WHERE due_ms < ? AND partition IN ({marks}) AND {_ELIGIBLE_QMARK} ORDER BY due_ms, run_id",
                 [horizon_ms, *fences, fence, now_ms],
             )
@@ -355,8 +357,8 @@ class SQLiteScheduleStore:
             # the next leader sends them again.
             conn.executemany(
                 "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted')"
-                " OR (state IN ('retrying', 'parked') AND ? > attempt) THEN 'dispatched' ELSE state END, fence = ?,"
-                " dispatched_at_ms = ?, attempt = max(attempt, ?) WHERE run_id = ?",
+                " OR (state IN ('retrying', 'parked') AND ? > delivery) THEN 'dispatched' ELSE state END, fence = ?,"
+                " dispatched_at_ms = ?, delivery = max(delivery, ?) WHERE run_id = ?",
                 [(r.attempt, fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
             )
             # Planned from a read before this transaction: a job cancelled or
@@ -393,12 +395,12 @@ class SQLiteScheduleStore:
     # -- the worker's side ----------------------------------------------------
 
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
-        # protocols.started_attempt: an interrupted run's attempt is the one
-        # interrupted (a dispatch since makes it 'dispatched').
+        # protocols.next_attempt, in SQL.
         with self.db.transaction() as conn:
             row = conn.execute(
-                "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?,"
-                " attempt = max(attempt + (state = 'interrupted'), ?), error = NULL, ended_at_ms = NULL, result = NULL"
+                "UPDATE runs SET state = 'running', started_at_ms = ?, worker = ?, delivery = max(delivery, ?),"
+                " attempt = CASE WHEN ended_attempt >= attempt THEN ended_attempt + 1 ELSE attempt END,"
+                " error = NULL, ended_at_ms = NULL, result = NULL"
                 " WHERE run_id = ? AND state NOT IN ('cancelled', 'missed') RETURNING attempt",
                 (now_ms, worker, record.attempt, record.run_id),
             ).fetchone()
@@ -407,9 +409,9 @@ class SQLiteScheduleStore:
     def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
         with self.db.transaction() as conn:
             conn.execute(
-                "UPDATE runs SET state = 'interrupted', attempt = ?, ended_at_ms = ?, error = ?, result = NULL"
-                " WHERE run_id = ? AND state = 'running'",
-                (record.attempt, now_ms, error, record.run_id),
+                "UPDATE runs SET state = 'interrupted', ended_attempt = attempt, ended_at_ms = ?, error = ?,"
+                " result = NULL WHERE run_id = ? AND state = 'running'",
+                (now_ms, error, record.run_id),
             )
 
     def run_finished(
@@ -467,11 +469,14 @@ class SQLiteScheduleStore:
             else:
                 state = "failed" if retry_due_ms is None else "retrying"
             cur = conn.execute(
-                "UPDATE runs SET state = ?, due_ms = coalesce(?, due_ms), ended_at_ms = ?, error = ?, result = ?"
-                " WHERE run_id = ? AND state NOT IN ('succeeded', 'cancelled') RETURNING partition",
+                "UPDATE runs SET state = ?, due_ms = coalesce(?, due_ms), ended_attempt = max(ended_attempt, ?),"
+                " delivery = max(delivery, ?), ended_at_ms = ?, error = ?, result = ? WHERE run_id = ?"
+                " AND state NOT IN ('succeeded', 'cancelled') RETURNING partition",
                 (
                     state,
                     retry_due_ms,
+                    failure.attempt,
+                    record.attempt,
                     failure.ended_at_ms,
                     failure.error,
                     failure.result,
@@ -484,10 +489,10 @@ class SQLiteScheduleStore:
     def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
         with self.db.transaction() as conn:
             state = "cancelled" if self._job_cancelled(conn, record.job_id) else "parked"
-            # The delivery parked is its attempt: a late record of its
+            # The delivery parked is its latest: a late record of its
             # dispatch leaves the run parked (finish_dispatch).
             row = conn.execute(
-                "UPDATE runs SET state = ?, due_ms = ?, attempt = max(attempt, ?), error = ?,"
+                "UPDATE runs SET state = ?, due_ms = ?, delivery = max(delivery, ?), error = ?,"
                 " ended_at_ms = CASE WHEN ? = 'cancelled' THEN ? END"
                 " WHERE run_id = ? AND state NOT IN ('succeeded', 'cancelled') RETURNING partition",
                 (state, due_ms, record.attempt, reason, state, now_ms, record.run_id),

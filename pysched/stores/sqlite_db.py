@@ -50,7 +50,13 @@ CREATE TABLE IF NOT EXISTS runs (
     due_ms INTEGER NOT NULL,
     partition INTEGER NOT NULL,
     attempt_group INTEGER NOT NULL DEFAULT 0,
+    -- attempt: what a user sees (protocols.next_attempt), delivery: how
+    -- often the run was handed on (Run.attempt), ended_attempt: its last
+    -- attempt that failed or was interrupted. No semicolons in comments here:
+    -- the schema is split at them.
     attempt INTEGER NOT NULL DEFAULT 0,
+    delivery INTEGER NOT NULL DEFAULT 0,
+    ended_attempt INTEGER NOT NULL DEFAULT 0,
     state TEXT NOT NULL,
     fence INTEGER,
     dispatched_at_ms INTEGER,
@@ -197,6 +203,7 @@ class SQLiteDatabase:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                _add_attempt_columns(conn)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
@@ -253,6 +260,21 @@ class SQLiteDatabase:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+def _add_attempt_columns(conn: sqlite3.Connection) -> None:
+    """A database made before runs counted deliveries apart from attempts:
+    its ``attempt`` was the delivery, and a run retrying, failed or
+    interrupted had ended that one."""
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(runs)")}
+    if "delivery" in columns:
+        return
+    conn.execute("ALTER TABLE runs ADD COLUMN delivery INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE runs ADD COLUMN ended_attempt INTEGER NOT NULL DEFAULT 0")
+    conn.execute(
+        "UPDATE runs SET delivery = attempt,"
+        " ended_attempt = CASE WHEN state IN ('retrying', 'failed', 'interrupted') THEN attempt ELSE 0 END"
+    )
 
 
 def _create(path: str, partitions: int | None) -> bool:

@@ -57,6 +57,7 @@ from pysched.protocols import (
     MissedRuns,
     RunNotFound,
     ScheduleStore,
+    next_attempt,
 )
 from pysched.records import DispatchRecord
 from pysched.retries import retry_delay_ms
@@ -335,7 +336,7 @@ class Executor:
         out, as a dead node's does."""
         now_ms = self.clock.now_ms()
         for execution in executions:
-            record = execution.record._replace(attempt=execution.attempt or execution.record.attempt)
+            record = execution.record
             try:
                 self.claims.complete(record.idempotency_key, execution.holder, False, None, now_ms)
                 self.store.run_interrupted(record, f"interrupted: {why}", now_ms)
@@ -495,17 +496,19 @@ class Executor:
         if take.verdict is Verdict.MISS:
             error = f"missed: the previous run of {job.id} was still running (overlap {job.overlap})"
             return Ended("missed", error, None, now_ms, kind="overlap")
-        if take.verdict is Verdict.WAIT:
-            until_ms = take.until_ms if take.until_ms is not None else now_ms + self.config.lease_ms
-            return Ended("parked", waiting_reason(job.id), None, now_ms, kind="overlap", parked_until_ms=until_ms)
-        execution.slot = SlotHold(record.job_id, record.idempotency_key, execution.holder)
         if take.replaced is not None:
             # Held on this node: stopped at once; elsewhere, its worker
-            # finds it lost at its next heartbeat (_extend_slots).
+            # finds it lost at its next heartbeat (_extend_slots). This run
+            # waits for it to end (overlap.py).
             with self._lock:
                 local = self._running.get(take.replaced.holder)
             if local is not None and local is not execution:
                 self._stop_replaced(local)
+        if take.verdict is Verdict.WAIT:
+            until_ms = take.until_ms if take.until_ms is not None else now_ms + self.config.lease_ms
+            reason = waiting_reason(job.id, job.overlap)
+            return Ended("parked", reason, None, now_ms, kind="overlap", parked_until_ms=until_ms)
+        execution.slot = SlotHold(record.job_id, record.idempotency_key, execution.holder)
         return None
 
     def _release_slots(self, executions: Sequence[Execution], now_ms: int) -> None:
@@ -526,11 +529,14 @@ class Executor:
         """Record a failed attempt, and when the run is tried again (None:
         not, it is a dead letter now), by the job's retry policy."""
         record = execution.record
-        attempt = execution.attempt or record.attempt
         try:
-            failures = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group).failures
+            run = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group)
+            failures, started = run.failures, run.attempt
         except RunNotFound:
-            failures = ()
+            failures, started = (), 0
+        # Not started (its spec or target refused first): the attempt its
+        # start would have been.
+        attempt = execution.attempt or next_attempt(started, max((f.attempt for f in failures), default=0))
         delay = None
         if execution.job is not None:
             delay = retry_delay_ms(execution.job.retry, end.kind, end.exception_names, failures, attempt, self._rng)
@@ -554,7 +560,7 @@ class Executor:
             retry_due_ms is None,
             end.result,
         )
-        self.store.run_failed(record._replace(attempt=attempt), failure, retry_due_ms)
+        self.store.run_failed(record, failure, retry_due_ms)
         if retry_due_ms is None and self.dead_letters is not None:
             self._announce_dead_letter(record)
         return retry_due_ms
@@ -580,7 +586,7 @@ class Executor:
         if not by_interrupt:
             self.record_interrupted([execution], why)
             return
-        record = execution.record._replace(attempt=execution.attempt or execution.record.attempt)
+        record = execution.record
         try:
             self.store.run_interrupted(record, f"interrupted: {why}", self.clock.now_ms())
         except Exception as exc:
