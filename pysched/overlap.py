@@ -14,10 +14,16 @@ holds the slot at a time.
 
 - ``allow``: no slot is taken; runs may overlap.
 - ``forbid``: a run finding the slot held is missed, reason ``overlap``.
-- ``replace``: a run finding the slot held takes it; the run that held it
-  learns it lost it (at once on the same node, else at its worker's next
-  heartbeat) and is cancelled: ``ctx.cancelled`` set, a shell command's
-  process group stopped.
+- ``replace``: a run finding the slot held stops the run holding it, then
+  starts. It leaves the slot *replacing*: its own key, held by no
+  execution, with itself waiting in it and parked in the store; the run
+  that held the slot learns it lost it (at once on the same node, else at
+  its worker's next heartbeat) and is cancelled (``ctx.cancelled`` set, a
+  shell command's process group stopped); when it ends it lets go of the
+  slot, which makes the waiting run due at once. A worker that died lets
+  go of nothing: the waiting run is due when that lease runs out. A run
+  due while the slot is replacing is missed, reason ``overlap``: the
+  newest run is already on its way.
 - ``buffer_one``: a run finding the slot held waits, at most one: it is
   recorded in the slot and parked in the store; the run that holds the slot
   makes it due at once when it ends (and if that run's worker dies, the
@@ -40,6 +46,8 @@ from pysched.records import DispatchRecord
 
 # The policy a run that is not a fresh fire is judged by (see above).
 OWED = "owed"
+# The holder of a slot that is replacing (see above): no execution's.
+REPLACING = "(replacing)"
 
 
 class SlotHold(NamedTuple):
@@ -76,7 +84,7 @@ class SlotTake:
     verdict: Verdict
     # WAIT: when to look again at the latest (the holder's lease end).
     until_ms: int | None = None
-    # RUN under replace: the run that held the slot, to cancel.
+    # WAIT under replace: the run that held the slot, to cancel.
     replaced: RunningSlot | None = None
 
 
@@ -96,6 +104,13 @@ def decide(
     write (None: write nothing)."""
     key = record.idempotency_key
     version = 0 if slot is None else slot.version
+    if slot is not None and slot.holder == REPLACING and live(slot, now_ms):
+        # The run it replaces still holds the slot, in effect: the run
+        # waiting in it waits on (delivered again), as does a run owed; a
+        # fresh fire is missed.
+        if slot.key == key or policy == OWED:
+            return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms), None
+        return SlotTake(Verdict.MISS), None
     if slot is None or slot.key == key or not live(slot, now_ms):
         # Free, or this run's own (its execution trying again, or taken
         # over after its worker died): the run takes it. A run still
@@ -109,8 +124,9 @@ def decide(
         # The run waiting, delivered again before the slot was let go of.
         return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms), None
     if policy == "replace":
-        taken = RunningSlot(record.job_id, key, holder, now_ms + lease_ms, slot.waiting, version + 1)
-        return SlotTake(Verdict.RUN, replaced=slot), taken
+        waiting = record._replace(due_ms=slot.lease_expires_ms)
+        replacing = RunningSlot(record.job_id, key, REPLACING, slot.lease_expires_ms, waiting, version + 1)
+        return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms, replaced=slot), replacing
     if policy == OWED:
         return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms), None
     if policy == "buffer_one" and slot.waiting is None:
@@ -130,16 +146,18 @@ def extended(slot: RunningSlot | None, hold: SlotHold, now_ms: int, lease_ms: in
 
 
 def released(slot: RunningSlot | None, hold: SlotHold) -> bool:
-    """Whether ``hold`` lets go of ``slot``: only the run holding it does
-    (a run replaced leaves the slot to the run that replaced it). A later
-    execution of the same run may have taken it: any execution of the run
-    lets go, since the run is one."""
-    return slot is not None and slot.key == hold.key
+    """Whether ``hold`` lets go of ``slot``: the run holding it does (a
+    later execution of the same run may have taken it: any execution of
+    the run lets go, since the run is one), and so does the run a replacing
+    slot waits on."""
+    return slot is not None and (slot.key == hold.key or slot.holder == REPLACING)
 
 
 def wake_reason(job_id: str) -> str:
     return f"waiting: the previous run of {job_id} has ended (overlap buffer_one)"
 
 
-def waiting_reason(job_id: str) -> str:
+def waiting_reason(job_id: str, policy: str = "buffer_one") -> str:
+    if policy == "replace":
+        return f"waiting: the previous run of {job_id} is being stopped (overlap replace)"
     return f"waiting: the previous run of {job_id} is still running (overlap buffer_one)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tests.test_contract as contract
 from pysched.leader.recording import record_sent
-from pysched.overlap import SlotHold, Verdict
+from pysched.overlap import OWED, SlotHold, Verdict
 from pysched.protocols import PlannedRun
 from pysched.records import DispatchRecord
 from tests.test_contract import Backend, _fresh_t0, backend, every, once_job, record
@@ -50,18 +50,33 @@ def test_a_run_takes_its_own_slot_again_and_a_slot_whose_lease_ran_out(backend: 
     assert store.take_slot(second, "w2", "forbid", t0 + 2 * LEASE, LEASE).verdict is Verdict.RUN
 
 
-def test_replace_takes_the_slot_and_the_run_replaced_finds_it_lost(backend: Backend) -> None:
+def test_replace_stops_the_run_holding_the_slot_then_runs(backend: Backend) -> None:
+    store, t0 = backend.store, contract.T0
+    first, second, third = fire("r", 1), fire("r", 2), fire("r", 3)
+    assert store.take_slot(first, "w1", "replace", t0, LEASE).verdict is Verdict.RUN
+    take = store.take_slot(second, "w2", "replace", t0 + 1_000, LEASE)
+    assert (take.verdict, take.until_ms) == (Verdict.WAIT, t0 + LEASE)
+    assert take.replaced is not None and (take.replaced.key, take.replaced.holder) == (first.idempotency_key, "w1")
+    # Until the run replaced ends, the replacing run delivered again waits
+    # on, a run owed waits too, and a newer fresh fire is missed.
+    assert store.take_slot(second, "w2", "replace", t0 + 1_500, LEASE).verdict is Verdict.WAIT
+    assert store.take_slot(third, "w3", OWED, t0 + 1_500, LEASE).verdict is Verdict.WAIT
+    assert store.take_slot(third, "w3", "replace", t0 + 1_600, LEASE).verdict is Verdict.MISS
+    # The run replaced finds it lost at its heartbeat; its end lets go of
+    # the slot, and the replacing run takes it.
+    assert store.extend_slots([hold(first, "w1")], t0 + 2_000, LEASE) == [hold(first, "w1")]
+    store.release_slot(hold(first, "w1"), t0 + 3_000)
+    assert store.running_slot("r") is None
+    assert store.take_slot(second, "w2", "replace", t0 + 3_100, LEASE).verdict is Verdict.RUN
+
+
+def test_replace_runs_once_the_lease_of_a_dead_holder_runs_out(backend: Backend) -> None:
     store, t0 = backend.store, contract.T0
     first, second = fire("r", 1), fire("r", 2)
     assert store.take_slot(first, "w1", "replace", t0, LEASE).verdict is Verdict.RUN
-    take = store.take_slot(second, "w2", "replace", t0 + 1_000, LEASE)
-    assert take.verdict is Verdict.RUN
-    assert take.replaced is not None and (take.replaced.key, take.replaced.holder) == (first.idempotency_key, "w1")
-    assert store.extend_slots([hold(first, "w1"), hold(second, "w2")], t0 + 2_000, LEASE) == [hold(first, "w1")]
-    # The run replaced ending lets go of nothing: the slot is the new run's.
-    store.release_slot(hold(first, "w1"), t0 + 2_000)
-    slot = store.running_slot("r")
-    assert slot is not None and slot.key == second.idempotency_key
+    assert store.take_slot(second, "w2", "replace", t0 + 1_000, LEASE).verdict is Verdict.WAIT
+    assert store.take_slot(second, "w2", "replace", t0 + LEASE - 1, LEASE).verdict is Verdict.WAIT
+    assert store.take_slot(second, "w2", "replace", t0 + LEASE, LEASE).verdict is Verdict.RUN
 
 
 def test_buffer_one_keeps_one_run_waiting_and_misses_the_next(backend: Backend) -> None:

@@ -131,34 +131,43 @@ def test_forbid_misses_the_run_due_while_the_previous_runs_and_counts_it() -> No
     assert w.states()[3] == "succeeded"
 
 
-def test_replace_on_another_node_stops_the_running_run_at_its_next_heartbeat() -> None:
+def test_replace_on_another_node_stops_the_running_run_at_its_next_heartbeat_then_starts() -> None:
     w = world("replace")
 
-    def newer_run_then_heartbeat(_: RunContext) -> None:
-        w.tick(1)  # node-1 runs run 2 to its end meanwhile
+    def newer_run_then_heartbeat(ctx: RunContext) -> None:
+        w.tick(1)  # node-1 takes run 2: it waits for run 1 to stop
+        assert not ctx.cancelled.is_set()
         w.executors[0].heartbeat_step(w.clock.now_ms())
+        assert ctx.cancelled.is_set()
 
     _while_running.append(newer_run_then_heartbeat)
     w.tick(0)
-    assert _log == [("start", 1), ("start", 2), ("end", 2), ("cancelled", 1)]
+    assert w.states() == {1: "cancelled", 2: "parked"}
+    # Run 1 let go of the slot as it ended: run 2 is due at once.
+    assert w.hand_on() == 1
+    assert w.workers[1].step(w.clock.now_ms())
+    assert _log == [("start", 1), ("cancelled", 1), ("start", 2), ("end", 2)]
     assert w.states() == {1: "cancelled", 2: "succeeded"}
     replaced = w.node.store.get_run(w.job.id, T0 + SECOND)
     assert replaced.error is not None and replaced.error.startswith("replaced:")
 
 
-def test_replace_on_the_same_node_stops_the_running_run_at_once() -> None:
+def test_replace_on_the_same_node_stops_the_running_run_at_once_then_starts() -> None:
     w = world("replace")
     seen: list[bool] = []
 
     def newer_run(ctx: RunContext) -> None:
-        _while_running.append(lambda _: seen.append(ctx.cancelled.is_set()))
         w.tick(1)
+        seen.append(ctx.cancelled.is_set())
 
     _while_running.append(newer_run)
     # Two workers of one node: one executor.
     w.workers[1].executor = w.executors[0]
     w.tick(0)
-    assert seen == [True]  # cancelled before the newer run's target began
+    assert seen == [True]  # cancelled as soon as the newer run came
+    assert w.hand_on() == 1
+    assert w.workers[1].step(w.clock.now_ms())
+    assert _log == [("start", 1), ("cancelled", 1), ("start", 2), ("end", 2)]
     assert w.states() == {1: "cancelled", 2: "succeeded"}
 
 

@@ -274,10 +274,11 @@ class Executor:
         with self._lock:
             if execution.replaced or execution.ended is not None:
                 return
+            # It keeps its hold: letting go of the slot when it ends is
+            # what starts the run replacing it (overlap.released).
             execution.replaced = True
-            execution.slot = None  # no longer its to let go of
         execution.cancelled.set()
-        log.warning("replacing %s run_at=%d: a newer run started", execution.record.job_id, execution.record.run_at_ms)
+        log.warning("replacing %s run_at=%d: a newer run is due", execution.record.job_id, execution.record.run_at_ms)
         threading.Thread(
             target=stop_commands,
             args=(execution.cancelled, self.config.kill_after_s),
@@ -344,7 +345,9 @@ class Executor:
                 log.warning("could not record %s run_at=%d interrupted: %s", record.job_id, record.run_at_ms, exc)
                 continue
             self.count("interrupted")
-            log.warning("interrupted %s run_at=%d attempt=%d: %s", record.job_id, record.run_at_ms, record.attempt, why)
+            log.warning(
+                "interrupted %s run_at=%d attempt=%s: %s", record.job_id, record.run_at_ms, execution.attempt, why
+            )
         self._release_slots(executions, now_ms)
         self.end(executions)
 
@@ -460,7 +463,7 @@ class Executor:
         )
         if execution.replaced:
             # Stopped by us, not failed: its downstream is not to blame.
-            error = "replaced: a newer run of the job started while this one ran (overlap replace)"
+            error = "replaced: a newer run of the job came due while this one ran (overlap replace)"
             return Ended("cancelled", error, outcome.result, self.clock.now_ms())
         self.downstreams.ended(downstream, outcome.kind, outcome.succeeded)
         return Ended(
@@ -635,9 +638,9 @@ class Executor:
             elif end.state == "failed" and (retry_ms := retry_at.get(execution.holder)) is not None:
                 self.count("retried")
                 log.warning(
-                    "ran %s: attempt %d failed, retrying at %s: %s",
+                    "ran %s: attempt %s failed, retrying at %s: %s",
                     job_id,
-                    execution.attempt or execution.record.attempt,
+                    execution.attempt,
                     datetime.fromtimestamp(retry_ms / 1000, UTC).isoformat(timespec="milliseconds"),
                     end.error,
                 )
