@@ -86,8 +86,9 @@ def _emit(figures: dict[str, Any], path: str | None) -> None:
 
 
 def _correct(figures: dict[str, Any]) -> int:
-    """Benchmarks judge correctness only: a missed or doubled run fails."""
-    bad = [k for k in ("missed", "duplicates") if figures.get(k)]
+    """Benchmarks judge correctness only: a run missed, doubled, or handed
+    on and never executed fails."""
+    bad = [k for k in ("missed", "duplicates", "not_executed") if figures.get(k)]
     if bad:
         print(f"bench: {', '.join(f'{k}={figures[k]}' for k in bad)}", file=sys.stderr)
         return 1

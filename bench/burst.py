@@ -1,14 +1,25 @@
-"""`python -m bench burst`: the instant spike, repeated, medians reported."""
+"""`python -m bench burst`: the instant spike, repeated, medians reported.
+
+Two lags per run: the fire lag (due to handed on: the dispatch record seen)
+and the start lag (due to the job function called: the time the job itself
+writes in its ledger), which is what a user feels. Each spike runs in a
+process of its own, so the peak RSS reported is that spike's alone
+(registration included); on a cluster that process holds only the
+registrant and the watcher, so no RSS is given.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import resource
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,21 +30,43 @@ from loadgen.shapes import Load, spike_jobs
 from pysched.config import load as load_config
 
 ROOT = Path(__file__).resolve().parent.parent
+# The worker threads of the embedded node: as many as the peers get.
+THREADS = 10
+# How long a spike waits for its runs to be executed once all were handed
+# on: far past any start lag worth measuring, and the bound of a CI run.
+EXECUTE_TIMEOUT_S = 900.0
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set so far (Linux reports KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def spike(n: int, config: str | None, quiet: bool = True) -> dict[str, Any]:
-    """One instant spike of n runs, due once they are all registered."""
+    """One instant spike of n runs, due once they are all registered,
+    watched until every run handed on was executed."""
 
     def build(ledger: Path, prefix: str, instant: int) -> Load:
         return Load.one_shots(spike_jobs(n, instant, "instant", 0, ledger, prefix))
 
     if config is None:
-        attempt = run_embedded(LoadPlan(n, build), 4, 120, 5, quiet)
+        attempt = run_embedded(LoadPlan(n, build), THREADS, 120, EXECUTE_TIMEOUT_S, quiet)
     else:
-        attempt = run_cluster(load_config(config), LoadPlan(n, build), 120, 5, quiet)
+        attempt = run_cluster(load_config(config), LoadPlan(n, build), 120, EXECUTE_TIMEOUT_S, quiet)
     figures = attempt.figures({})
     figures.pop("_fire_lags")
+    figures["not_executed"] = figures["fired"] - figures["executed"]
+    if config is None:
+        figures["peak_rss_mb"] = peak_rss_mb()
     return figures
+
+
+def in_own_process(measure: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``measure(*args)`` in a fresh interpreter: its peak RSS is its own,
+    and nothing it leaves behind (threads, caches) weighs on the next."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(measure, *args).result()
 
 
 @contextmanager
@@ -76,10 +109,16 @@ def burst(n: int, repeat: int, config: str | None, nodes: int, workers: int) -> 
     runs: list[dict[str, Any]] = []
     if config is not None and (nodes or workers):
         with cluster_processes(config, nodes, workers):
-            runs = [spike(n, config) for _ in range(repeat)]
+            runs = [in_own_process(spike, n, config) for _ in range(repeat)]
     else:
-        runs = [spike(n, config) for _ in range(repeat)]
+        runs = [in_own_process(spike, n, config) for _ in range(repeat)]
     keys = ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms")
+
+    def median_of(key: str, within: str | None = None) -> float | None:
+        values = [(r if within is None else r[within]).get(key) for r in runs]
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
     return {
         "mode": "cluster" if config else "embedded",
         "n": n,
@@ -87,10 +126,14 @@ def burst(n: int, repeat: int, config: str | None, nodes: int, workers: int) -> 
         "missed": sum(r["missed"] for r in runs),
         "duplicates": sum(r["duplicates"] for r in runs),
         "executed": sum(r["executed"] for r in runs),
+        "not_executed": sum(r["not_executed"] for r in runs),
         # Registration attempts over the runs: more than repeat means some
         # were too slow for their instant and were done again.
         "attempts": sum(r["attempts"] for r in runs),
-        **{k: statistics.median(r[k] for r in runs) for k in keys},
+        # The fire lag (handed on), then the start lag (the function called).
+        **{k: median_of(k) for k in keys},
+        "start": {k: median_of(k, "start") for k in keys},
+        "peak_rss_mb": median_of("peak_rss_mb"),
         "register_s": statistics.median(r["register_s"] for r in runs),
         "runs": runs,
     }
