@@ -9,6 +9,8 @@ test_long_run_processes.py.
 - A run outlasting its lease many times on a live worker, delivered again
   meanwhile (another worker joins the consumer group and Kafka hands the
   uncommitted record out again): never started a second time.
+- (xfail, a bug) An idle worker gets runs while another worker's every
+  thread runs a long job.
 
 The issue's numbers are a 30 s lease renewed every 10 s and runs of minutes;
 here the workers run with ``--lease 2`` (heartbeats every 2/3 s) and the runs
@@ -110,6 +112,10 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint_on_the_other_w
     # reported with how late it was rather than as a time-out.
     wait_for(lambda: len(_starts(out)) >= 2, 120, "the run to start again", tmp_path / f"{survivor}.log")
     second = _starts(out)[1]
+    # The bound, with no slack added: Kafka notices the death after
+    # its 10 s session timeout and hands the partition on, and by then the
+    # 2 s lease has run out, so the other worker takes the claim over at
+    # once. It takes 8 to 10 s here, on a machine busy with other tests.
     redispatch_s = float(second["at"]) - killed_at
     assert redispatch_s <= 30, f"started again {redispatch_s:.1f} s after the death\n{_logs(cluster, survivor)}"
     assert second["pid"] == workers[survivor].pid
@@ -176,7 +182,7 @@ def test_a_run_outlasting_its_lease_on_a_live_worker_is_never_started_again(clus
     assert len(_starts(out)) == 1, f"started again while it ran: {_starts(out)}\n{_logs(cluster, *names)}"
     assert found_running() >= 3, f"not delivered again while it ran\n{_logs(cluster, *names)}"
     (out / "may_end").touch()
-    wait_for(lambda: bool(list(out.glob("effects/*"))), 90, "the run to end", tmp_path / "node.log")
+    wait_for(lambda: bool(list(out.glob("effects/*"))), 90, "the run to end")
     wait_for(
         lambda: [r["state"] for r in _history(cluster, "outlast")] == ["succeeded"],
         60,
