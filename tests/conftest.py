@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from pysched.node import open_cluster
+from tests.helpers import Cluster, stop_node, write_config
+
 # Profiles picked by environment: `fast` for the edit loop, `slow` for CI.
 settings.register_profile("fast", max_examples=60, deadline=None)
 settings.register_profile("slow", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -120,3 +123,15 @@ def keyspace(_keyspace_dropper: _KeyspaceDropper) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield name
     _keyspace_dropper.drop(name)
+
+
+@pytest.fixture
+def cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator[Cluster]:
+    config = cluster_config_for(services, keyspace, partitions=32, kafka_partitions=8)
+    path = write_config(tmp_path / "cluster.toml", config.model_dump())
+    # Create the keyspace and topic once, before the processes race to.
+    open_cluster(config, coordinator=False).close()
+    c = Cluster(config, path, tmp_path, tmp_path / "ledger.txt")
+    yield c
+    for proc in c.procs.values():
+        stop_node(proc)

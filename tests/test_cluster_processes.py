@@ -13,150 +13,16 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pysched.config import ClusterConfig
-from pysched.model import Job
-from pysched.node import open_cluster
-from pysched.registry import register
 from tests.conftest import SERVICES_STATE, cluster_config_for
-from tests.helpers import PYSCHED, stop_node, wait_for
+from tests.helpers import PYSCHED, Cluster, now_ms, stop_node, wait_for, write_config
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-@dataclass
-class Cluster:
-    config: ClusterConfig
-    config_path: Path
-    tmp: Path
-    ledger: Path
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        log = (self.tmp / f"{name}.log").open("ab")
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        proc = subprocess.Popen(
-            [*PYSCHED, *args, "--config", str(self.config_path)], cwd=ROOT, stdout=log, stderr=log, env=env
-        )
-        self.procs[name] = proc
-        return proc
-
-    def node(self, name: str) -> subprocess.Popen[bytes]:
-        return self.start(name, "up", "--workers", "0", "--quiet")
-
-    def worker(self, name: str) -> subprocess.Popen[bytes]:
-        return self.start(name, "worker", "--workers", "4", "--quiet")
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")
-
-    def register_spread(self, n: int, first_ms: int, spread_ms: int) -> set[str]:
-        """n one-shot runs evenly over [first, first + spread); their keys.
-
-        A run is never registered less than REGISTER_LEAD_MS ahead: on a slow
-        machine the later ones move out with the registration (a moving
-        base). These tests are about failover, not about registrations that
-        land after their own time."""
-
-        def register_one(k: int) -> str:
-            run_at = max(first_ms + k * spread_ms // n, now_ms() + REGISTER_LEAD_MS)
-            job = Job.model_validate(
-                {
-                    "id": f"j{k:05d}",
-                    "schedule": {"kind": "once", "run_at_ms": run_at},
-                    "target": {"kind": "python", "ref": "loadgen.target:append"},
-                    "payload": {"ledger": str(self.ledger), "due_ms": run_at},
-                }
-            )
-            register(backends.store, job, now_ms())
-            return f"{job.id}:{run_at}:0"
-
-        backends = open_cluster(self.config, coordinator=False)
-        try:
-            with ThreadPoolExecutor(16) as pool:
-                return set(pool.map(register_one, range(n)))
-        finally:
-            backends.close()
-
-    def register_minutely(self, n: int) -> list[str]:
-        """n minutely jobs writing to the ledger; their ids."""
-        backends = open_cluster(self.config, coordinator=False)
-        try:
-            ids = []
-            for k in range(n):
-                job = Job.model_validate(
-                    {
-                        "id": f"m{k:03d}",
-                        "schedule": {"kind": "cron", "expr": "* * * * *"},
-                        "target": {"kind": "python", "ref": "loadgen.target:append"},
-                        "payload": {"ledger": str(self.ledger)},
-                        "critical": True,
-                    }
-                )
-                register(backends.store, job, now_ms())
-                ids.append(job.id)
-            return ids
-        finally:
-            backends.close()
-
-    def ledger_keys(self) -> Counter[str]:
-        # loadgen's ledger: "<idempotency key> <due_ms> <started_ms>" a line.
-        if not self.ledger.exists():
-            return Counter()
-        return Counter(line.split()[0] for line in self.ledger.read_text().splitlines())
-
-    def three_nodes_two_workers(self) -> dict[str, subprocess.Popen[bytes]]:
-        nodes = {name: self.node(name) for name in ("node-a", "node-b", "node-c")}
-        self.worker("worker-1")
-        self.worker("worker-2")
-        wait_for(lambda: len(self.holders()) == 3, 60, "three leaders")
-        return nodes
-
-    def holders(self) -> set[str]:
-        return {lease.holder for lease in self.leaders().values()}
-
-    def leaders(self) -> dict[int, Any]:
-        from pysched.coord.etcd import EtcdCoordinator
-
-        coordinator = EtcdCoordinator(self.config, partitions=self.config.partitions or 64)
-        try:
-            return coordinator.leaders()
-        finally:
-            coordinator.close()
-
-
-REGISTER_LEAD_MS = 15_000
-
-
-def write_config(path: Path, values: dict[str, Any]) -> Path:
-    # TOML has no null: a field left unset (partitions) is left out.
-    lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items() if v is not None)
-    path.write_text("[cluster]\n" + lines)
-    return path
-
-
-@pytest.fixture
-def cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator[Cluster]:
-    config = cluster_config_for(services, keyspace, partitions=32, kafka_partitions=8)
-    path = write_config(tmp_path / "cluster.toml", config.model_dump())
-    # Create the keyspace and topic once, before the processes race to.
-    open_cluster(config, coordinator=False).close()
-    c = Cluster(config, path, tmp_path, tmp_path / "ledger.txt")
-    yield c
-    for proc in c.procs.values():
-        stop_node(proc)
 
 
 def assert_exactly_once(keys: Counter[str], expected: set[str]) -> None:
