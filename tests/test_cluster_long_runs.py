@@ -9,8 +9,8 @@ test_long_run_processes.py.
 - A run outlasting its lease many times on a live worker, delivered again
   meanwhile (another worker joins the consumer group and Kafka hands the
   uncommitted record out again): never started a second time.
-- (xfail, a bug) An idle worker gets runs while another worker's every
-  thread runs a long job.
+- An idle worker gets runs while another worker's every thread runs a long
+  job: the busy one still takes part in the group's rebalance.
 
 The issue's numbers are a 30 s lease renewed every 10 s and runs of minutes;
 here the workers run with ``--lease 2`` (heartbeats every 2/3 s) and the runs
@@ -223,12 +223,6 @@ def _register_shorts(cluster: Cluster, out: Path, n: int, run_at_ms: int) -> Non
         backends.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker process whose every thread runs a job polls its Kafka consumer no more, so it cannot take"
-    " part in a rebalance: the whole consumer group (one group, pysched-workers, for every cluster on the broker)"
-    " waits for it, up to max.poll.interval.ms (7 h), and an idle worker that joins gets no partition",
-)
 def test_an_idle_worker_gets_runs_while_another_worker_is_saturated_by_a_long_one(
     cluster: Cluster, tmp_path: Path
 ) -> None:

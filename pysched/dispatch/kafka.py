@@ -120,6 +120,41 @@ class SharedKafkaConsumer:
             }
         )
         self._consumer.subscribe([config.topic], on_revoke=self._revoked, on_lost=self._revoked)
+        # Threads inside next(), and whether the partitions are paused
+        # because none is: see _keep_polling.
+        self._waiting = 0
+        self._paused = False
+        self._keeper = threading.Thread(target=self._keep_polling, name="pysched-kafka-keeper", daemon=True)
+        self._keeper.start()
+
+    def _keep_polling(self) -> None:
+        """Poll while no worker thread does, with every partition paused.
+
+        A rebalance completes only once each member has polled: a process
+        whose threads all run long jobs would otherwise hold up the whole
+        group (a new worker got no partition, a dead one's were not handed
+        on) for up to max.poll.interval.ms. Paused, a poll serves the
+        rebalance and fetches nothing; a record fetched before the pause
+        took effect is put back (seek), for whoever reads that partition
+        next."""
+        while not self.closed:
+            time.sleep(_POLL_SLICE_S)
+            with self._lock:
+                if self.closed or self._waiting:
+                    continue
+                # Again each time: a rebalance may have assigned partitions
+                # that are not paused.
+                self._consumer.pause(self._consumer.assignment())
+                self._paused = True
+                msg: Message | None = self._consumer.poll(0)
+                if msg is not None and not msg.error():
+                    partition, offset = _where(msg)
+                    try:
+                        self._consumer.seek(TopicPartition(self.topic, partition, offset))
+                    except KafkaException as exc:
+                        # Taken away meanwhile: its new owner reads it from
+                        # the last commit, which is below this record.
+                        log.debug("kafka consumer: could not put back %d@%d: %s", partition, offset, exc)
 
     def _revoked(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         with self._lock:
@@ -131,6 +166,18 @@ class SharedKafkaConsumer:
         return _ConsumerHandle(self)
 
     def next(self, timeout_s: float) -> Delivery | None:
+        with self._lock:
+            self._waiting += 1
+            if self._paused and not self.closed:
+                self._consumer.resume(self._consumer.assignment())
+                self._paused = False
+        try:
+            return self._next(timeout_s)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _next(self, timeout_s: float) -> Delivery | None:
         deadline = time.monotonic() + timeout_s
         while True:
             # Short polls: an ack waits for the lock at most this long.
