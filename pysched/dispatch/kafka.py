@@ -34,6 +34,11 @@ SESSION_TIMEOUT_MS = 10_000
 # its heartbeats (sent by librdkafka's own thread) keep coming.
 MAX_POLL_INTERVAL_MS = 7 * 3_600_000
 _POLL_SLICE_S = 0.1
+# How long every worker thread of a process may be busy before the keeper
+# polls in their stead (see _keep_polling). Not at once: pausing and
+# resuming the partitions drops what was fetched ahead, and between two
+# short runs each thread is back for a record within milliseconds.
+_KEEPER_AFTER_S = 2.0
 
 
 class DispatchError(RuntimeError):
@@ -119,16 +124,20 @@ class SharedKafkaConsumer:
                 "log_level": 3,
             }
         )
-        self._consumer.subscribe([config.topic], on_revoke=self._revoked, on_lost=self._revoked)
-        # Threads inside next(), and whether the partitions are paused
-        # because none is: see _keep_polling.
+        self._consumer.subscribe(
+            [config.topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+        )
+        # Threads inside next(), and whether partitions may be paused
+        # because none was: see _keep_polling.
         self._waiting = 0
+        self._all_busy_since = time.monotonic()
         self._paused = False
         self._keeper = threading.Thread(target=self._keep_polling, name="pysched-kafka-keeper", daemon=True)
         self._keeper.start()
 
     def _keep_polling(self) -> None:
-        """Poll while no worker thread does, with every partition paused.
+        """Poll while no worker thread has for a while, with every
+        partition paused.
 
         A rebalance completes only once each member has polled: a process
         whose threads all run long jobs would otherwise hold up the whole
@@ -140,7 +149,7 @@ class SharedKafkaConsumer:
         while not self.closed:
             time.sleep(_POLL_SLICE_S)
             with self._lock:
-                if self.closed or self._waiting:
+                if self.closed or self._waiting or time.monotonic() - self._all_busy_since < _KEEPER_AFTER_S:
                     continue
                 # Again each time: a rebalance may have assigned partitions
                 # that are not paused.
@@ -156,6 +165,23 @@ class SharedKafkaConsumer:
                         # the last commit, which is below this record.
                         log.debug("kafka consumer: could not put back %d@%d: %s", partition, offset, exc)
 
+    def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        # Inside a poll, under the lock. A partition paused, taken away and
+        # given back can come back paused: its state is set here, for
+        # whether a thread waits for a record now.
+        consumer.assign(partitions)
+        if self._waiting:
+            consumer.resume(partitions)
+        else:
+            consumer.pause(partitions)
+            self._paused = True
+
+    def _resume_if_paused(self) -> None:
+        """Under the lock, by a thread about to read."""
+        if self._paused and not self.closed:
+            self._consumer.resume(self._consumer.assignment())
+            self._paused = False
+
     def _revoked(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         with self._lock:
             self._offsets.forget([tp.partition for tp in partitions])
@@ -168,14 +194,14 @@ class SharedKafkaConsumer:
     def next(self, timeout_s: float) -> Delivery | None:
         with self._lock:
             self._waiting += 1
-            if self._paused and not self.closed:
-                self._consumer.resume(self._consumer.assignment())
-                self._paused = False
+            self._resume_if_paused()
         try:
             return self._next(timeout_s)
         finally:
             with self._lock:
                 self._waiting -= 1
+                if not self._waiting:
+                    self._all_busy_since = time.monotonic()
 
     def _next(self, timeout_s: float) -> Delivery | None:
         deadline = time.monotonic() + timeout_s
