@@ -86,6 +86,9 @@ class SlotTake:
     until_ms: int | None = None
     # WAIT under replace: the run that held the slot, to cancel.
     replaced: RunningSlot | None = None
+    # WAIT: the run is the one the slot lists as waiting, which its holder
+    # wakes when it lets go. A run owed is not listed: it waits its time.
+    listed: bool = False
 
 
 def live(slot: RunningSlot | None, now_ms: int) -> bool:
@@ -109,7 +112,7 @@ def decide(
         # waiting in it waits on (delivered again), as does a run owed; a
         # fresh fire is missed.
         if slot.key == key or policy == OWED:
-            return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms), None
+            return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms, listed=slot.key == key), None
         return SlotTake(Verdict.MISS), None
     if slot is None or slot.key == key or not live(slot, now_ms):
         # Free, or this run's own (its execution trying again, or taken
@@ -122,16 +125,16 @@ def decide(
         return SlotTake(Verdict.RUN), taken
     if slot.waiting is not None and slot.waiting.idempotency_key == key:
         # The run waiting, delivered again before the slot was let go of.
-        return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms), None
+        return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms, listed=True), None
     if policy == "replace":
         waiting = record._replace(due_ms=slot.lease_expires_ms)
         replacing = RunningSlot(record.job_id, key, REPLACING, slot.lease_expires_ms, waiting, version + 1)
-        return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms, replaced=slot), replacing
+        return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms, replaced=slot, listed=True), replacing
     if policy == OWED:
         return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms), None
     if policy == "buffer_one" and slot.waiting is None:
         waiting = record._replace(due_ms=slot.lease_expires_ms)
-        return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms), replace(
+        return SlotTake(Verdict.WAIT, until_ms=slot.lease_expires_ms, listed=True), replace(
             slot, waiting=waiting, version=version + 1
         )
     return SlotTake(Verdict.MISS), None

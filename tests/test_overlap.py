@@ -9,6 +9,7 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,8 @@ from pysched.clock import ManualClock
 from pysched.leader.recording import record_sent
 from pysched.memory import MemoryNode, open_memory
 from pysched.model import Job
+from pysched.overlap import SlotHold
+from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.shell import CommandResult, run_command, stop_commands
 from pysched.targets import RunContext
@@ -232,3 +235,40 @@ def test_a_replaced_runs_shell_command_is_stopped_with_its_process_group() -> No
     (result,) = ran
     assert result.returncode is not None and result.returncode < 0
     assert "done" not in result.stdout_tail
+
+
+class _LetGoBeforeThePark:
+    """The store as a worker sees it, with the replaced run letting go of
+    the slot (on its own thread, in production) between the waiting run's
+    decision and its park."""
+
+    def __init__(self, store: Any, job_id: str) -> None:
+        self._store = store
+        self._job_id = job_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
+        self._store.release_slot(SlotHold(self._job_id, "the-replaced-run", "its-holder"), now_ms)
+        self._store.run_parked(record, due_ms, reason, now_ms)
+
+
+def test_a_replacing_run_parked_after_the_old_run_let_go_is_due_at_once() -> None:
+    # Seen with `--overlap replace` on one node: the old run stopped within
+    # milliseconds, found nothing parked to wake, and the new run waited
+    # out the old run's lease (25-30 s), then ran out of order.
+    w = world("replace")
+    w.executors[1].store = _LetGoBeforeThePark(w.node.store, w.job.id)
+
+    def newer_run_then_heartbeat(ctx: RunContext) -> None:
+        w.tick(1)
+        w.executors[0].heartbeat_step(w.clock.now_ms())
+
+    _while_running.append(newer_run_then_heartbeat)
+    w.tick(0)
+    assert w.states() == {1: "cancelled", 2: "parked"}
+    assert w.hand_on() == 1  # due now, not at the old run's lease end
+    assert w.workers[1].step(w.clock.now_ms())
+    assert w.states() == {1: "cancelled", 2: "succeeded"}
+

@@ -46,7 +46,7 @@ from pysched.catchup import late_reason
 from pysched.clock import Clock
 from pysched.downstream import downstream_of
 from pysched.model import Job
-from pysched.overlap import OWED, SlotHold, Verdict, waiting_reason
+from pysched.overlap import OWED, SlotHold, Verdict, waiting_reason, wake_reason
 from pysched.protocols import (
     Claim,
     ClaimOutcome,
@@ -85,6 +85,8 @@ class Ended:
     exception_names: tuple[str, ...] = ()
     # A run parked (state "parked"), not started: when it is owed again.
     parked_until_ms: int | None = None
+    # Parked as the run its job's slot lists as waiting (overlap.SlotTake).
+    listed: bool = False
 
 
 @dataclass(eq=False)
@@ -510,9 +512,28 @@ class Executor:
         if take.verdict is Verdict.WAIT:
             until_ms = take.until_ms if take.until_ms is not None else now_ms + self.config.lease_ms
             reason = waiting_reason(job.id, job.overlap)
-            return Ended("parked", reason, None, now_ms, kind="overlap", parked_until_ms=until_ms)
+            return Ended("parked", reason, None, now_ms, kind="overlap", parked_until_ms=until_ms, listed=take.listed)
         execution.slot = SlotHold(record.job_id, record.idempotency_key, execution.holder)
         return None
+
+    def _wake_if_let_go(self, record: DispatchRecord, until_ms: int) -> None:
+        """A run parked waiting in its job's slot is woken by the run that
+        lets go of the slot; that run may have let go between this run's
+        decision and its park (a run replaced on the same node stops at
+        once), and found nothing parked to wake. Then it is woken here, once
+        parked, or it would wait out the old run's lease. Read after the
+        park: a let-go after it wakes the run itself."""
+        slot = self.store.running_slot(record.job_id)
+        if slot is not None and slot.waiting is not None and slot.waiting.idempotency_key == record.idempotency_key:
+            return  # still listed: the holder wakes it
+        try:
+            run = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group)
+        except RunNotFound:
+            return
+        if run.state != "parked" or run.due_ms != until_ms:
+            return  # woken already, or delivered again since
+        now_ms = self.clock.now_ms()
+        self.store.run_parked(record._replace(due_ms=until_ms), now_ms, wake_reason(record.job_id), now_ms)
 
     def _release_slots(self, executions: Sequence[Execution], now_ms: int) -> None:
         """Let go of the running slots the ended runs hold (waking the run
@@ -620,6 +641,8 @@ class Executor:
                 self.store.run_missed(record, missed, end.error or "missed", end.at_ms)
             elif end.state == "parked" and end.parked_until_ms is not None:
                 self.store.run_parked(execution.record, end.parked_until_ms, end.error or "parked", end.at_ms)
+                if end.listed:
+                    self._wake_if_let_go(record, end.parked_until_ms)
             elif end.state is not None:
                 self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
         self._release_slots([e for e, _ in ended], self.clock.now_ms())
