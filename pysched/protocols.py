@@ -556,8 +556,9 @@ class ScheduleStore(Protocol):
     def run_missed(self, record: DispatchRecord, missed: MissedRuns, error: str, now_ms: int) -> None:
         """Record a run handed on too late for its job's catch-up policy:
         it ends ``missed`` with ``error`` saying why, never having run, and
-        ``missed`` (the run's own time) is kept. A run
-        that has started, ended or was cancelled meanwhile keeps its state."""
+        ``missed`` (the run's own time) is kept. A run parked on its way (it
+        never started) may be missed too. A run that has started, ended or
+        was cancelled meanwhile keeps its state."""
         ...
 
     def missed_runs(self, job_ids: Sequence[str]) -> dict[str, list[MissedRuns]]:

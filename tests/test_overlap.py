@@ -272,3 +272,22 @@ def test_a_replacing_run_parked_after_the_old_run_let_go_is_due_at_once() -> Non
     assert w.workers[1].step(w.clock.now_ms())
     assert w.states() == {1: "cancelled", 2: "succeeded"}
 
+
+def test_a_run_waiting_for_the_previous_one_does_not_start_once_its_job_is_paused() -> None:
+    # Seen from the CLI: a paused job's buffered and replacing runs still
+    # started when their turn came.
+    w = world("buffer_one")
+
+    def next_run_waits_then_pause(_: RunContext) -> None:
+        w.tick(1)  # run 2 waits
+        w.node.store.pause_job(w.job.id, w.clock.now_ms())
+
+    _while_running.append(next_run_waits_then_pause)
+    w.tick(0)
+    # Run 3, the next, is held out of the wheel by the pause.
+    assert w.states() == {1: "succeeded", 2: "parked", 3: "paused"}
+    assert w.hand_on() == 1  # run 1's end woke run 2
+    assert w.workers[1].step(w.clock.now_ms())
+    assert _log == [("start", 1), ("end", 1)]
+    assert w.states() == {1: "succeeded", 2: "missed", 3: "paused"}
+    assert w.node.store.get_run(w.job.id, T0 + 2 * SECOND).error == "missed: the job was paused"

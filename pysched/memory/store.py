@@ -636,7 +636,7 @@ class MemoryScheduleStore:
     def run_missed(self, record: DispatchRecord, missed: MissedRuns, error: str, now_ms: int) -> None:
         with self._op("run_missed"):
             row = self._run_for(record)
-            if row.state not in ("scheduled", "dispatched"):
+            if row.state not in ("scheduled", "dispatched", "parked"):
                 return
             self._put_run(record, replace_row(row, state="missed", ended_at_ms=now_ms, error=error, result=None))
             self.tables.keep_missed(missed)

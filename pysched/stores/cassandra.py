@@ -974,7 +974,8 @@ class CassandraScheduleStore:
         # that fails between the two is repeated whole by the redelivery.
         key = (record.job_id, record.run_at_ms, record.attempt_group)
         row = self.session.execute(self._run_state, key).one()
-        if row is not None and row.state not in (None, "scheduled", "missed"):
+        # A parked run never started: missed when its job was paused.
+        if row is not None and row.state not in (None, "scheduled", "missed", "parked"):
             return
         self.session.execute(self._insert_missed, _missed_row(missed))
         self.session.execute(self._run_missed, (now_ms, error, *key))

@@ -428,7 +428,7 @@ class SQLiteScheduleStore:
         with self.db.transaction() as conn:
             cur = conn.execute(
                 "UPDATE runs SET state = 'missed', ended_at_ms = ?, error = ?, result = NULL"
-                " WHERE run_id = ? AND state IN ('scheduled', 'dispatched')",
+                " WHERE run_id = ? AND state IN ('scheduled', 'dispatched', 'parked')",
                 (now_ms, error, record.run_id),
             )
             if cur.rowcount:

@@ -420,9 +420,11 @@ class Executor:
         if job_record is None or job_record.state == "cancelled":
             return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
         now_ms = self.clock.now_ms()
-        if first_claim and job_record.state == "paused":
-            # Handed on before the pause reached its leader: a paused job
-            # fires nothing, and counts it.
+        if job_record.state == "paused" and (first_claim or self._never_started(record)):
+            # Handed on before the pause reached its leader, or parked
+            # before it (waiting for its job's previous run, or for a
+            # breaker) and never started: a paused job starts nothing new,
+            # and counts it. A retry's run had started: it goes on.
             return Ended("missed", "missed: the job was paused", None, now_ms, kind="paused")
         late = late_reason(job_record.job, record.due_ms, now_ms) if first_claim else None
         if late is not None:
@@ -515,6 +517,14 @@ class Executor:
             return Ended("parked", reason, None, now_ms, kind="overlap", parked_until_ms=until_ms, listed=take.listed)
         execution.slot = SlotHold(record.job_id, record.idempotency_key, execution.holder)
         return None
+
+    def _never_started(self, record: DispatchRecord) -> bool:
+        """Whether the run is parked and no attempt of it ever started."""
+        try:
+            run = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group)
+        except RunNotFound:
+            return False
+        return run.state == "parked" and run.started_at_ms is None and not run.failures
 
     def _wake_if_let_go(self, record: DispatchRecord, until_ms: int) -> None:
         """A run parked waiting in its job's slot is woken by the run that
