@@ -44,7 +44,9 @@ _STOP_NOW_S = 3.0
 
 def _log_fire(event: RunDispatched) -> None:
     log.info(
-        "fired %s run_at=%s lag=%d ms fence=%d attempt=%d",
+        # The delivery: how many times the run was handed on (its attempt,
+        # what ctx.attempt says, is known when it starts).
+        "fired %s run_at=%s lag=%d ms fence=%d delivery=%d",
         event.job_id,
         iso(event.run_at_ms),
         event.dispatched_at_ms - event.due_ms,
