@@ -77,12 +77,24 @@ def test_dlq_commands_refuse_bad_input(db_path: Path) -> None:
         (("dlq", "redrive", "p:1:0", "--all"), 2, "not both"),
         (("dlq", "redrive", "--target", "shell:true"), 2, "give run keys"),
         (("dlq", "redrive", "p:1:0"), 3, "not a dead letter"),
+        # Past the store's 64-bit integers: a bad key, not a crash.
+        (("dlq", "show", "p:99999999999999999999999:0"), 2, "RUN: a run's key"),
+        (("dlq", "redrive", "p:1:99999999999"), 2, "RUN: a run's key"),
+        (("dlq", "show", "p:\u00b2:0"), 2, "RUN: a run's key"),
     ):
         proc = cli(*args, db=db_path, check=False)
         assert (proc.returncode, message in proc.stderr, "Traceback" in proc.stderr) == (code, True, False), (
             args,
             proc.stderr,
         )
+
+
+def test_redrive_all_with_no_dead_letters_says_so(db_path: Path) -> None:
+    cli("add", "p", "--in", "600", "--shell", "true", db=db_path)
+    proc = cli("dlq", "redrive", "--all", db=db_path)
+    assert proc.stdout.strip() == "no dead letters to redrive"
+    proc = cli("dlq", "redrive", "--all", "--target", "shell:nope", db=db_path)
+    assert proc.stdout.strip() == "no dead letters to redrive of shell:nope"
 
 
 def _history(db: Path, job: str) -> list[tuple[str, int]]:

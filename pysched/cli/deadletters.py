@@ -36,7 +36,18 @@ _TARGET = re.compile(r"^(http|python|shell):\S.*$")
 def _run_key(value: str) -> tuple[str, int, int]:
     job_id, sep, rest = value.partition(":")
     run_at, sep2, group = rest.partition(":")
-    if not (job_id and sep and sep2 and run_at.isdigit() and group.isdigit()):
+    # Digits alone, and within the store's 64-bit integers.
+    if not (
+        job_id
+        and sep
+        and sep2
+        and run_at.isascii()
+        and run_at.isdigit()
+        and group.isascii()
+        and group.isdigit()
+        and int(run_at) < 2**63
+        and int(group) < 2**31
+    ):
         fail(f"RUN: a run's key, JOB:RUN_AT_MS:GROUP such as nightly:1764806400000:0; got {value!r}")
     return job_id, int(run_at), int(group)
 
@@ -153,6 +164,8 @@ def redrive(
     if as_json:
         echo_json({"redriven": done, "not_dead_letters": missed})
     else:
+        if all_runs and not keys:
+            typer.echo("no dead letters to redrive" + ("" if target is None else f" of {target}"))
         for key in done:
             typer.echo(f"redriven {key}")
         for key in missed:
