@@ -291,3 +291,19 @@ def test_a_run_waiting_for_the_previous_one_does_not_start_once_its_job_is_pause
     assert _log == [("start", 1), ("end", 1)]
     assert w.states() == {1: "succeeded", 2: "missed", 3: "paused"}
     assert w.node.store.get_run(w.job.id, T0 + 2 * SECOND).error == "missed: the job was paused"
+
+
+def test_under_replace_a_run_due_while_one_waits_to_replace_is_missed_saying_so() -> None:
+    w = world("replace")
+
+    def two_newer_runs_then_heartbeat(ctx: RunContext) -> None:
+        w.tick(1)  # run 2 waits to replace run 1
+        w.tick(1)  # run 3: run 2 is already on its way
+        w.executors[0].heartbeat_step(w.clock.now_ms())
+
+    _while_running.append(two_newer_runs_then_heartbeat)
+    w.tick(0)
+    assert w.states() == {1: "cancelled", 2: "parked", 3: "missed"}
+    missed = w.node.store.get_run(w.job.id, T0 + 3 * SECOND)
+    assert missed.error is not None
+    assert missed.error.startswith(f"missed: a newer run of {w.job.id} already waits to replace the running one")

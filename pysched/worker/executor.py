@@ -109,6 +109,9 @@ class Execution:
     # Whether its retry budget was asked, and what it said: the question is
     # asked once, however often recording its failure is repeated.
     retry_granted: bool | None = None
+    # The error its last failure was recorded with (the budget's refusal
+    # said), for the log.
+    recorded_error: str | None = None
     # The checkpoint it resumes from (JSON text), when it took the run over.
     checkpoint: str | None = None
     # When its claim's lease was last known renewed (claimed or extended).
@@ -501,7 +504,12 @@ class Executor:
         policy = job.overlap if first_claim else OWED
         take = self.store.take_slot(record, execution.holder, policy, now_ms, self.config.lease_ms)
         if take.verdict is Verdict.MISS:
-            error = f"missed: the previous run of {job.id} was still running (overlap {job.overlap})"
+            if job.overlap == "replace":
+                # Under replace a run misses only when one already waits
+                # to replace the running run (overlap.decide).
+                error = f"missed: a newer run of {job.id} already waits to replace the running one (overlap replace)"
+            else:
+                error = f"missed: the previous run of {job.id} was still running (overlap {job.overlap})"
             return Ended("missed", error, None, now_ms, kind="overlap")
         if take.replaced is not None:
             # Held on this node: stopped at once; elsewhere, its worker
@@ -584,6 +592,7 @@ class Executor:
                 delay = None
                 error = f"{error or 'failed'} (retry budget exhausted for {downstream})"
         retry_due_ms = None if delay is None else end.at_ms + delay
+        execution.recorded_error = error
         failure = FailedAttempt(
             attempt,
             self.holder,
@@ -679,6 +688,12 @@ class Executor:
                 )
             elif end.state == "failed":
                 self.count("dead_lettered")
-                log.warning("ran %s: failed for good (a dead letter): %s", job_id, end.error)
+                log.warning(
+                    "ran %s: failed for good (a dead letter): %s", job_id, execution.recorded_error or end.error
+                )
             else:
-                log.info("skipped %s run_at=%d: cancelled", job_id, execution.record.run_at_ms)
+                if execution.started_at_ms is None:
+                    log.info("skipped %s run_at=%d: cancelled", job_id, execution.record.run_at_ms)
+                else:
+                    # Started, then stopped: replaced, or its job cancelled.
+                    log.info("stopped %s run_at=%d: %s", job_id, execution.record.run_at_ms, end.error or "cancelled")
