@@ -66,6 +66,10 @@ class ClusterConfig(BaseModel):
     redis: str = Field(description="redis:// URL")
     keyspace: str = Field(default="pysched", pattern=r"^[a-z][a-z0-9_]{0,47}$")
     topic: str = Field(default="pysched-dispatch", pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    # The workers' Kafka consumer group. Clusters sharing a broker each need
+    # their own, or they share rebalances; an existing cluster's group holds
+    # its committed offsets, so the default stays what it always was.
+    consumer_group: str = Field(default="pysched-workers", pattern=r"^[A-Za-z0-9._-]{1,200}$")
     # Where runs that failed for good are announced; None: TOPIC-dead-letters.
     dead_letter_topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
     partitions: int | None = Field(

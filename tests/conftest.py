@@ -77,8 +77,12 @@ def cluster_config_for(services: dict[str, Any], keyspace: str, **overrides: Any
         kafka=services["kafka"]["bootstrap"],
         redis=services["redis"]["url"],
         keyspace=keyspace,
-        topic=f"{keyspace}-dispatch",
-        **overrides,
+        **{
+            "topic": f"{keyspace}-dispatch",
+            # A group of its own: tests sharing the broker share no rebalance.
+            "consumer_group": f"{keyspace}-workers",
+            **overrides,
+        },
     )
 
 

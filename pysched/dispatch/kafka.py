@@ -268,9 +268,9 @@ class _ConsumerHandle:
 
 
 class KafkaDispatcher:
-    def __init__(self, config: ClusterConfig, group: str = "pysched-workers") -> None:
+    def __init__(self, config: ClusterConfig, group: str | None = None) -> None:
         self.config = config
-        self.group = group
+        self.group = group or config.consumer_group
         self._producer: Producer | None = None
         self._failed: list[str] = []
         self._consumer_lock = threading.Lock()
