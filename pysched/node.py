@@ -88,6 +88,8 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
     a partition count other than the keyspace's, PartitionsMismatch."""
     # Imported here: only a cluster node needs the drivers.
     from pysched.claims.redis_cassandra import RedisCassandraClaims, connect_redis
+    from pysched.coord.etcd_connection import EtcdConnection
+    from pysched.coord.run_leases import EtcdRunLeases
     from pysched.dispatch.dead_letters import KafkaDeadLetters
     from pysched.dispatch.kafka import KafkaDispatcher, ensure_topic
     from pysched.stores.cassandra import CassandraScheduleStore, connect
@@ -96,7 +98,8 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
     _ensure_schema_or_shut_down(session, config, clock or SystemClock())
     redis_client = connect_redis(config.redis)
     ensure_topic(config)
-    claims = RedisCassandraClaims(redis_client, session, config)
+    run_etcd = EtcdConnection(config.etcd, name="pysched-etcd-runs")
+    claims = RedisCassandraClaims(redis_client, session, config, EtcdRunLeases(run_etcd, f"/pysched/{config.keyspace}"))
     store = CassandraScheduleStore(session, config)
 
     def publish_fence(partition: int, fence: int) -> None:
@@ -127,6 +130,7 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
         for closer in closers:
             closer()
         redis_client.close()
+        run_etcd.close()
         session.cluster.shutdown()
 
     retention = Retention(days=config.history_days, keep_per_job=config.history_keep)

@@ -774,12 +774,13 @@ class IdempotencyClaims(Protocol):
         landed), and must not wait out its own lease."""
         ...
 
-    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> list[int]:
         """Extend the lease of each running claim ``keys[i]`` held by
         ``holders[i]``, and of no other: a claim whose execution ended without
-        an outcome must run out. One call per worker rather than one per run;
-        two parallel sequences, like ``Dispatcher.publish``. Returns how many
-        were extended."""
+        an outcome must run out. One call per worker process, naming every run
+        it has going, rather than one per run; two parallel sequences, like
+        ``Dispatcher.publish``. Returns the positions ``i`` not extended: those
+        runs' leases are lost (taken over, or expired)."""
         ...
 
     def raise_fence(self, partition: int, fence: int) -> None:

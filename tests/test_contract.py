@@ -62,6 +62,15 @@ class Backend:
     def clock_ms(self) -> int:
         return self.clock.now_ms()
 
+    def workers_died(self) -> None:
+        """The worker processes holding runs die. The embedded and in-memory
+        claims see it when a later call's time passes the leases; the
+        cluster's held runs live in etcd, under the process's lease, which
+        a death ends after its TTL, on etcd's clock: ended here at once."""
+        run_leases = getattr(self.claims, "run_leases", None)
+        if run_leases is not None:
+            run_leases.revoke()
+
 
 @pytest.fixture(params=["sqlite", "memory", pytest.param("cluster", marks=pytest.mark.cluster)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
@@ -688,7 +697,7 @@ def test_completion_by_a_former_holder_changes_nothing(backend: Backend) -> None
 def test_heartbeat_keeps_claims_alive(backend: Backend) -> None:
     row = (7, "job", T0, T0, 1, 1, 0)
     backend.claims.claim(record(row, 1), "w1", T0, 1_000)
-    assert backend.claims.heartbeat([record(row, 1).idempotency_key], ["w1"], T0 + 900, 1_000) == 1
+    assert backend.claims.heartbeat([record(row, 1).idempotency_key], ["w1"], T0 + 900, 1_000) == []
     assert backend.claims.claim(record(row, 1), "w2", T0 + 1_500, 1_000).outcome is ClaimOutcome.BUSY
 
 
@@ -698,7 +707,7 @@ def test_heartbeat_extends_only_the_claims_it_names(backend: Backend) -> None:
     running, orphaned = (record((n, "job", T0 + n, T0 + n, 1, 1, 0), 1) for n in (7, 8))
     backend.claims.claim(running, "node-1", T0, 1_000)
     backend.claims.claim(orphaned, "node-1", T0, 1_000)
-    assert backend.claims.heartbeat([running.idempotency_key], ["node-1"], T0 + 900, 1_000) == 1
+    assert backend.claims.heartbeat([running.idempotency_key], ["node-1"], T0 + 900, 1_000) == []
     assert backend.claims.claim(running, "node-2/1", T0 + 1_500, 1_000).outcome is ClaimOutcome.BUSY
     assert backend.claims.claim(orphaned, "node-2/1", T0 + 1_500, 1_000).outcome is ClaimOutcome.TAKEN_OVER
 

@@ -43,6 +43,7 @@ def test_a_checkpoint_from_an_execution_taken_over_is_refused(backend: Backend) 
     assert backend.claims.save_checkpoint(rec.idempotency_key, "w2", '{"n": 5}', t0 + 2_100)
     # w1 was only paused: what it writes now must not undo w2's progress.
     assert not backend.claims.save_checkpoint(rec.idempotency_key, "w1", '{"n": 2}', t0 + 2_200)
+    backend.workers_died()  # w2 dies in turn
     claim = backend.claims.claim(rec, "w3", t0 + 5_000, LEASE)
     assert claim.checkpoint == '{"n": 5}'
 

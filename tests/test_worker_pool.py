@@ -134,7 +134,7 @@ class _TimesOutOnce:
         self._maybe_fail("claim")
         return self._claims.claim(record, holder, now_ms, lease_ms)
 
-    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> list[int]:
         return self._claims.heartbeat(keys, holders, now_ms, lease_ms)
 
     def raise_fence(self, partition: int, fence: int) -> None:
@@ -234,15 +234,16 @@ class _MemoryClaims:
             self._claims[key] = ("running", holder, now_ms + lease_ms, None)
             return Claim(ClaimOutcome.CLAIMED if current is None else ClaimOutcome.TAKEN_OVER, fence_floor=floor)
 
-    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
-        extended = 0
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> list[int]:
+        not_extended = []
         with self._lock:
-            for key, holder in zip(keys, holders, strict=True):
+            for i, (key, holder) in enumerate(zip(keys, holders, strict=True)):
                 current = self._claims.get(key)
                 if current is not None and current[:2] == ("running", holder):
                     self._claims[key] = ("running", holder, now_ms + lease_ms, None)
-                    extended += 1
-        return extended
+                else:
+                    not_extended.append(i)
+        return not_extended
 
     def raise_fence(self, partition: int, fence: int) -> None:
         with self._lock:

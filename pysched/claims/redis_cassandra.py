@@ -9,6 +9,13 @@ idempotency key, with the three outcomes of the design: succeeded (replay the
 result), running under a live lease (back off), running under a dead lease
 (take over, by a conditional update that only one taker wins).
 
+A running run's lease: the claim row carries the one it began with
+(``lease_expires_ms``); a run still going at its worker's heartbeat moves
+into etcd (coord/run_leases.py: a key per run under the worker process's
+lease), so a long run costs one keep-alive per process per heartbeat, not a
+lightweight transaction per run. A taker must create the run's etcd key
+before its conditional update: a live holder's key stops it.
+
 Fence floors, durably. A new leader's ``raise_fence`` writes its fence to
 Cassandra first (``claim_fences``: the fences raised per partition, a set
 whose highest member is the floor, so no write can lower it), then to Redis.
@@ -42,6 +49,7 @@ is raised.
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +58,7 @@ import redis
 from cassandra.cluster import Session
 
 from pysched.config import ClusterConfig
+from pysched.coord.run_leases import EtcdRunLeases, Holding
 from pysched.protocols import Claim, ClaimOutcome
 from pysched.records import DispatchRecord
 
@@ -120,12 +129,16 @@ def ensure_fence_table(session: Session, keyspace: str) -> None:
 
 
 DONE_TTL_S = 7 * 86_400
+log = logging.getLogger("pysched.claims")
 
 
 class RedisCassandraClaims:
-    def __init__(self, redis_client: redis.Redis, session: Session, config: ClusterConfig) -> None:
+    def __init__(
+        self, redis_client: redis.Redis, session: Session, config: ClusterConfig, run_leases: EtcdRunLeases
+    ) -> None:
         self.redis = redis_client
         self.session = session
+        self.run_leases = run_leases
         self.prefix = f"pysched:{config.keyspace}"
         self._claim_script = redis_client.register_script(_CLAIM)
         self._raise_script = redis_client.register_script(_RAISE)
@@ -223,11 +236,16 @@ class RedisCassandraClaims:
         if row.state == "succeeded":
             self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S)
             return Claim(ClaimOutcome.SUCCEEDED, result=row.result, fence_floor=floor)
-        if row.state == "running" and row.lease_expires_ms > now_ms and row.holder != holder:
-            # Tell the fast path who really holds it.
+        if row.state == "running" and row.holder != holder and row.lease_expires_ms > now_ms:
+            # Within the lease its claim began with: its worker has not
+            # needed etcd yet (see heartbeat). Tell the fast path who holds it.
             self.redis.set(self._claim_key(key), f"{row.holder}|{row.lease_expires_ms}", px=2 * lease_ms)
             return Claim(ClaimOutcome.BUSY, fence_floor=floor)
-        # Dead lease or failed before: take over, if nobody beat us to it.
+        # Its first lease is over, or it failed before: its key in etcd says
+        # whether a live worker still runs it. Taking that key is the gate
+        # only one taker passes; the claim row is then written for it.
+        if not self.run_leases.take(key, holder, _ttl_s(lease_ms)):
+            return Claim(ClaimOutcome.BUSY, fence_floor=floor)
         res = self.session.execute(
             self._take_over,
             (holder, record.fence, now_ms + lease_ms, now_ms, key, row.state, row.holder, row.lease_expires_ms),
@@ -238,22 +256,46 @@ class RedisCassandraClaims:
             saved = self.session.execute(self._read_checkpoint, (key,)).one()
             checkpoint = None if saved is None else saved.checkpoint
             return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=checkpoint)
+        self.run_leases.let_go([key])
         return Claim(ClaimOutcome.BUSY, fence_floor=floor)
 
-    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
-        extended = 0
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> list[int]:
+        """One etcd keep-alive for every run of this process. A run's claim
+        row carries the lease it began with; a run still going at a
+        heartbeat moves into etcd (its key taken, then the row checked to be
+        still its holder's, once), and its row is not written again: a
+        six-hour run costs one key, not a conditional write every 10 s."""
+        self.run_leases.renew(_ttl_s(lease_ms))
+        not_extended: list[int] = []
         pipe = self.redis.pipeline(transaction=False)
-        for key, holder in zip(keys, holders, strict=True):
-            if self.session.execute(self._extend, (now_ms + lease_ms, now_ms, key, holder)).was_applied:
+        for i, (key, holder) in enumerate(zip(keys, holders, strict=True)):
+            holding = self.run_leases.holding(key, holder)
+            if holding is Holding.NOT_YET and self.run_leases.take(key, holder, _ttl_s(lease_ms)):
+                # Taken while the row is still this holder's: from now on no
+                # taker passes the key. If the row is not, it was taken over
+                # before (this worker stalled past its first lease).
+                if self.session.execute(self._extend, (now_ms + lease_ms, now_ms, key, holder)).was_applied:
+                    holding = Holding.HELD
+                else:
+                    self.run_leases.let_go([key])
+            if holding is Holding.HELD:
                 pipe.set(self._claim_key(key), f"{holder}|{now_ms + lease_ms}", px=2 * lease_ms)
-                extended += 1
+            else:
+                not_extended.append(i)
         pipe.execute()
-        return extended
+        lost = set(not_extended)
+        self.run_leases.let_go_all_but({key for i, key in enumerate(keys) if i not in lost})
+        return not_extended
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
         res = self.session.execute(
             self._complete, ("succeeded" if succeeded else "failed", result, now_ms, key, holder)
         )
+        try:
+            self.run_leases.let_go([key])
+        except Exception as exc:
+            # The outcome is written; the key goes at the next heartbeat.
+            log.warning("could not delete the etcd key of %s, will retry: %s", key, exc)
         if not res.was_applied:
             return  # no longer ours: whoever took over decides
         if succeeded:
@@ -271,6 +313,11 @@ class RedisCassandraClaims:
         # reached Redis being durable already (see the module's docstring).
         self.session.execute(self._record_fence, (partition, fence))
         self._raise_script(keys=[self._floor_key(partition)], args=[fence])
+
+
+def _ttl_s(lease_ms: int) -> int:
+    # etcd counts whole seconds (and raises a TTL below its own minimum).
+    return max(1, -(-lease_ms // 1_000))
 
 
 def _text(value: bytes | str) -> str:

@@ -59,17 +59,21 @@ class SQLiteClaims:
                 checkpoint=None if saved is None else str(saved[0]),
             )
 
-    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> list[int]:
         # One transaction for the whole worker, and only the claims named: a
         # claim its execution left without an outcome must expire.
         expires_ms = now_ms + lease_ms
+        not_extended = []
         with self.db.transaction() as conn:
-            cur = conn.executemany(
-                "UPDATE claims SET lease_expires_ms = ?, updated_at_ms = ?"
-                " WHERE idem_key = ? AND holder = ? AND state = 'running'",
-                ((expires_ms, now_ms, key, holder) for key, holder in zip(keys, holders, strict=True)),
-            )
-            return cur.rowcount
+            for i, (key, holder) in enumerate(zip(keys, holders, strict=True)):
+                cur = conn.execute(
+                    "UPDATE claims SET lease_expires_ms = ?, updated_at_ms = ?"
+                    " WHERE idem_key = ? AND holder = ? AND state = 'running'",
+                    (expires_ms, now_ms, key, holder),
+                )
+                if cur.rowcount == 0:
+                    not_extended.append(i)
+        return not_extended
 
     def raise_fence(self, partition: int, fence: int) -> None:
         with self.db.transaction() as conn:

@@ -1,7 +1,8 @@
 """The distributed coordinator: a leader per partition, elected in etcd.
 
 Each node holds one etcd lease (TTL ``lease_ttl_s``) and keeps it alive from
-its coordinator thread; nothing per run touches etcd. Under that lease it
+its coordinator thread; nothing per run touches this lease (running runs'
+leases are the workers', coord/run_leases.py). Under that lease it
 writes ``{prefix}/nodes/{holder}`` to say it is alive. The partitions are
 shared round-robin over the sorted live nodes, so they spread evenly and move
 when a node joins or leaves. A node takes a partition it should lead with a
@@ -12,20 +13,17 @@ a node dies its lease expires, its keys vanish, and the others take over.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 import aetcd
 
-from pysched.config import ClusterConfig, host_port
+from pysched.config import ClusterConfig
+from pysched.coord.etcd_connection import EtcdConnection
 from pysched.protocols import Lease
 
 log = logging.getLogger("pysched.etcd")
-T = TypeVar("T")
 
 
 class EtcdCoordinator:
@@ -50,25 +48,12 @@ class EtcdCoordinator:
         self.publish_fence = publish_fence
         self.endpoint = config.etcd
         self.call_timeout_s = call_timeout_s
-        host, port = host_port(config.etcd, 2379)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="pysched-etcd", daemon=True)
-        self._thread.start()
-        self._client = self._call(self._connect(host, port))
+        self._etcd = EtcdConnection(config.etcd, call_timeout_s=call_timeout_s)
+        self._client = self._etcd.client
+        self._call = self._etcd.call
         # Per holder: one node is one holder, but nothing forbids sharing.
         self._leases: dict[str, tuple[aetcd.Lease, float]] = {}
         self._owned: dict[str, dict[int, int]] = {}
-
-    async def _connect(self, host: str, port: int) -> aetcd.Client:
-        client = aetcd.Client(host=host, port=port, timeout=int(self.call_timeout_s))
-        try:
-            await client.status()
-        except Exception as exc:
-            raise ConnectionError(f"etcd at {host}:{port} is unreachable: {type(exc).__name__}: {exc}") from None
-        return client
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.call_timeout_s * 2)
 
     def _key(self, kind: str, name: object) -> bytes:
         return f"{self.prefix}/{kind}/{name}".encode()
@@ -90,11 +75,7 @@ class EtcdCoordinator:
         return self._call(self._leaders())
 
     def close(self) -> None:
-        try:
-            self._call(self._client.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
+        self._etcd.close()
 
     # -- the work, on the event loop -----------------------------------------
 

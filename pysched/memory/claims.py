@@ -122,18 +122,19 @@ class MemoryClaims:
             )
             return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=row.checkpoint)
 
-    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> int:
+    def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> list[int]:
         t = self.tables
-        extended = 0
+        not_extended = []
         with self._op("heartbeat"):
-            for key, holder in zip(keys, holders, strict=True):
+            for i, (key, holder) in enumerate(zip(keys, holders, strict=True)):
                 row = t.rows.get(key)
                 # Like the cluster's conditional update: a lease already
                 # expired is still extended while nobody has taken over.
                 if row is not None and row.holder == holder and row.state == "running":
                     t.rows[key] = replace_row(row, lease_expires_ms=now_ms + lease_ms, updated_at_ms=now_ms)
-                    extended += 1
-        return extended
+                else:
+                    not_extended.append(i)
+        return not_extended
 
     def raise_fence(self, partition: int, fence: int) -> None:
         t = self.tables

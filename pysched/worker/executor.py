@@ -194,8 +194,8 @@ class Executor:
         self._extend_slots(running, now_ms)
         try:
             keys, holders = [e.record.idempotency_key for e in running], [e.holder for e in running]
-            extended = self.claims.heartbeat(keys, holders, now_ms, lease_ms)
-            lost = [] if extended == len(running) else self._not_extended(running, now_ms)
+            not_extended = self.claims.heartbeat(keys, holders, now_ms, lease_ms)
+            lost = [running[i] for i in not_extended if running[i].ended is None]
         except Exception as exc:
             log.warning("heartbeat failed, will retry: %s", exc)
             # Unrenewed for a whole lease: another worker may hold it now.
@@ -209,17 +209,7 @@ class Executor:
             else:
                 execution.renewed_at_ms = now_ms
         self._stop_cancelled_jobs([e for e in running if e not in lost])
-        return extended
-
-    def _not_extended(self, running: Sequence[Execution], now_ms: int) -> list[Execution]:
-        """Which of ``running`` a heartbeat did not extend: each asked alone
-        (rare: only when the batch came back short)."""
-        lease_ms = self.config.lease_ms
-        return [
-            e
-            for e in running
-            if e.ended is None and self.claims.heartbeat([e.record.idempotency_key], [e.holder], now_ms, lease_ms) == 0
-        ]
+        return len(running) - len(not_extended)
 
     def _stop_cancelled_jobs(self, running: Sequence[Execution]) -> None:
         """Stop the runs whose job was cancelled (``pysched cancel``) while
