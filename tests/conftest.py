@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, settings
 
 from pysched.node import open_cluster
 from tests.helpers import Cluster, stop_node, write_config
+from tests.http_downstream import Downstream
 
 # Profiles picked by environment: `fast` for the edit loop, `slow` for CI.
 settings.register_profile("fast", max_examples=60, deadline=None)
@@ -33,6 +34,15 @@ def db_path(tmp_path: Path) -> Iterator[Path]:
 SERVICES_STATE = (
     Path(os.environ.get("PYSCHED_SERVICES_DIR") or Path(__file__).resolve().parent.parent / ".services") / "state.json"
 )
+
+
+@pytest.fixture
+def downstream() -> Iterator[Downstream]:
+    """A local HTTP server answering 503 until it is told to recover."""
+    server = Downstream()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
 
 
 @pytest.fixture(scope="session")

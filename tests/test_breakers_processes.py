@@ -7,19 +7,15 @@ letters, each effect once."""
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-
-import pytest
 
 from pysched.model import Job
 from pysched.registry import register_many
 from pysched.stores.sqlite import SQLiteScheduleStore
 from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
+from tests.http_downstream import Downstream
 
 RUNS = 2_000
 WORKERS = 4
@@ -27,54 +23,6 @@ THRESHOLD = 5
 OPEN_S = 2.0
 OUTAGE_S = 8.0
 BUDGET_FLOOR = 3  # breakers.BreakerPolicy: at least 3 retries a minute
-
-
-class Downstream:
-    """A local HTTP server: 503 to every call while failing, else 200; it
-    counts the answers per idempotency key."""
-
-    def __init__(self) -> None:
-        self.failing = True
-        self.lock = threading.Lock()
-        self.answers: dict[str, list[int]] = {}
-        downstream = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                # Decided and counted under one lock: a call answered 503 is
-                # counted before the recovery's count is taken, never after.
-                with downstream.lock:
-                    status = 503 if downstream.failing else 200
-                    downstream.answers.setdefault(self.headers.get("Idempotency-Key", "?"), []).append(status)
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def recover(self) -> int:
-        """Answer 200 from now on; how many calls were answered 503."""
-        with self.lock:
-            self.failing = False
-            return sum(answers.count(503) for answers in self.answers.values())
-
-    def count(self, status: int) -> int:
-        with self.lock:
-            return sum(answers.count(status) for answers in self.answers.values())
-
-
-@pytest.fixture
-def downstream() -> Iterator[Downstream]:
-    server = Downstream()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
 
 
 def _states(db: Path) -> Counter[str]:
