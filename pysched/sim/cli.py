@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from pysched.sim.faults import KINDS
+from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_CATCH_UP_RATE
+from pysched.sim.faults import KINDS, Outage
 from pysched.sim.runner import SimConfig, SimReport, simulate
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -28,6 +29,20 @@ def _faults(text: str) -> frozenset[str]:
     if unknown:
         raise typer.BadParameter(f"unknown fault {', '.join(unknown)}; known: {', '.join(KINDS)}, all, none")
     return kinds
+
+
+def _outage(text: str | None) -> Outage | None:
+    """AT+FOR, in seconds from the world's start."""
+    if text is None:
+        return None
+    at, plus, duration = text.partition("+")
+    try:
+        outage = Outage(float(at), float(duration)) if plus else None
+    except ValueError:
+        outage = None
+    if outage is None or outage.at_s < 0 or outage.for_s <= 0:
+        raise typer.BadParameter(f"{text!r} is not AT+FOR in seconds, e.g. 600+7200")
+    return outage
 
 
 @app.command()
@@ -47,16 +62,32 @@ def run(
             min=0, max=1, help="Fraction of jobs whose every run fails its first one or two attempts (retried)."
         ),
     ] = 0.0,
+    catch_up: Annotated[
+        bool, typer.Option("--catch-up", help="Each job follows a catch-up policy drawn from all four.")
+    ] = False,
+    catch_up_rate: Annotated[
+        int, typer.Option(min=1, max=MAX_CATCH_UP_RATE, help="The leaders' catch-up lane, runs a second.")
+    ] = DEFAULT_CATCH_UP_RATE,
+    cluster_outage: Annotated[
+        str | None, typer.Option(help="Every node down at AT s for FOR s, as AT+FOR (e.g. 600+7200).")
+    ] = None,
+    downstream_outage: Annotated[
+        str | None,
+        typer.Option(help="The downstream fails every call at AT s for FOR s, as AT+FOR; production breaker."),
+    ] = None,
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
     line that replays it."""
     kinds = _faults(faults)
+    blackout, down = _outage(cluster_outage), _outage(downstream_outage)
     if not verbose:
         logging.getLogger("pysched").setLevel(logging.CRITICAL)
     failed = 0
     for n in range(seed, seed + seeds):
-        config = SimConfig(n, jobs, hours, kinds, nodes, partitions, fault_count, flaky)
+        config = SimConfig(
+            n, jobs, hours, kinds, nodes, partitions, fault_count, flaky, catch_up, catch_up_rate, blackout, down
+        )
         started = time.monotonic()
         report = simulate(config)
         _print(report, time.monotonic() - started, as_json)
@@ -74,6 +105,7 @@ def _print(report: SimReport, seconds: float, as_json: bool) -> None:
             "owed": report.owed,
             "executed": report.executed,
             "missed": report.missed,
+            "dead_letters": report.dead_letters,
             "faults": report.faults,
             "failed_calls": report.failed_calls,
             "violations": len(report.violations),
@@ -87,7 +119,7 @@ def _print(report: SimReport, seconds: float, as_json: bool) -> None:
     verdict = "ok" if first is None else f"{len(report.violations)} violations; first: {first.kind}: {first.detail}"
     typer.echo(
         f"seed {report.config.seed}: {report.owed} runs owed, {report.executed} executed, {report.missed} missed,"
-        f" {report.faults} faults,"
+        f" {report.dead_letters} dead letters, {report.faults} faults,"
         f" {report.failed_calls} failed calls, {seconds:.1f} s: {verdict}"
     )
     if first is not None:

@@ -18,6 +18,10 @@ Kinds, as named on the command line:
   durable fence floors and claims (Cassandra) stay;
 - ``skew``: the nodes' clocks differ by up to ``MAX_SKEW_MS`` (for the whole
   run).
+
+Two outages are asked for by name rather than drawn (``Outage``): the whole
+cluster down at once (every node, no hand-over), and the jobs' downstream
+failing every call. No drawn fault overlaps the cluster's outage.
 """
 
 from __future__ import annotations
@@ -42,17 +46,46 @@ class FaultEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class Outage:
+    """A window of a world's time, counted from its start: when something
+    is down, and for how long."""
+
+    at_s: float
+    for_s: float
+
+    def window_ms(self, start_ms: int, step_ms: int) -> tuple[int, int]:
+        """[down, up) in world time, on the world's round boundaries."""
+        down = start_ms + round(self.at_s * 1000 / step_ms) * step_ms
+        return down, down + max(step_ms, round(self.for_s * 1000 / step_ms) * step_ms)
+
+    def spec(self) -> str:
+        """As the command line takes it: AT+FOR, in seconds."""
+        return f"{self.at_s:g}+{self.for_s:g}"
+
+
+@dataclass(frozen=True, slots=True)
 class FaultPlan:
     events: tuple[FaultEvent, ...]
     skews_ms: tuple[int, ...]  # per node: its clock's offset from world time
     quiet_from_ms: int  # no fault is active from here on
+    # [down, up): every node down at once, and started again; None: never.
+    blackout_ms: tuple[int, int] | None = None
 
 
 def plan_faults(
-    rng: random.Random, kinds: frozenset[str], nodes: int, start_ms: int, end_ms: int, count: int
+    rng: random.Random,
+    kinds: frozenset[str],
+    nodes: int,
+    start_ms: int,
+    end_ms: int,
+    count: int,
+    blackout_ms: tuple[int, int] | None = None,
 ) -> FaultPlan:
     """``count`` faults drawn from ``kinds`` over the first two thirds of
-    [start, end), none overlapping on one node."""
+    [start, end), none overlapping on one node, nor the cluster's outage
+    (``blackout_ms``: a fault drawn across it is dropped, after its draw, so
+    that the rest of the plan is the one drawn without it). The quiet
+    period begins no earlier than the cluster's return."""
     quiet_from = start_ms + (end_ms - start_ms) * 2 // 3
     skews = tuple(rng.randint(-MAX_SKEW_MS, MAX_SKEW_MS) if "skew" in kinds else 0 for _ in range(nodes))
     drawable = sorted(kinds - {"skew"})
@@ -75,10 +108,14 @@ def plan_faults(
         if at + duration >= quiet_from:
             continue
         rate = rng.choice((0.05, 0.2, 0.5)) if kind in ("store", "claims") else 1.0
+        if blackout_ms is not None and at < blackout_ms[1] and at + duration + 1_000 > blackout_ms[0]:
+            continue
         events.append(FaultEvent(kind, node, at, duration, rate))
         busy_until[node] = at + duration + 1_000
     events.sort(key=lambda e: (e.at_ms, e.node))
-    return FaultPlan(tuple(events), skews, quiet_from)
+    if blackout_ms is not None:
+        quiet_from = max(quiet_from, blackout_ms[1])
+    return FaultPlan(tuple(events), skews, quiet_from, blackout_ms)
 
 
 _ROLE_OF = {"coordinator": "coordinator", "publish": "dispatcher", "store": "store", "claims": "claims"}

@@ -1,15 +1,20 @@
 """What a simulated world must show: every owed run executed exactly once,
-none before its time, fences that only grow, and, once the faults stop,
-every run on time again."""
+failed for good with its attempts recorded, or recorded missed with a reason
+its job's catch-up policy gives; none before its time; fences that only
+grow; a catch-up lane within its rate; and, once the faults stop, every run
+on time again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pysched import native
 from pysched.memory.coordinator import Election, FenceGrant
 from pysched.memory.dispatcher import Broker
+from pysched.memory.store import RunRow
+from pysched.model import Job
 from pysched.protocols import MissedRuns
 from pysched.sim.faults import MAX_SKEW_MS
 from pysched.sim.ledger import Ledger
@@ -24,7 +29,9 @@ LATE_BOUND_MS = 5_000
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    kind: str  # lost, doubled, unowed, early, late, fence
+    # lost, doubled, unowed, early, late, fence, failures, unsettled,
+    # policy, catch-up, lane
+    kind: str
     detail: str
     at_ms: int  # world time it concerns
 
@@ -82,9 +89,11 @@ def check_runs(
     ledger: Ledger,
     quiet_from_ms: int,
     missed: Mapping[str, Sequence[MissedRuns]] | None = None,
+    dead: Collection[str] = (),
 ) -> tuple[list[Violation], int]:
-    """``owed``: runs that must have executed by the end, or been recorded
-    missed with a reason (``missed``: the store's spans by job);
+    """``owed``: runs that must have executed by the end, failed for good
+    (``dead``: the keys of the dead letters), or been recorded missed with a
+    reason (``missed``: the store's spans by job);
     ``owed_later``: runs due too near the end to be judged, which may or may
     not have. Each run owed once; both are read once (a day's runs are
     millions: no set of them is kept). Returns the violations and how many
@@ -98,12 +107,21 @@ def check_runs(
     missed_count = 0
     for run in owed:
         started = first_start.get(run.key)
-        reason = _missed_reason(spans.get(run.job_id, ()), run.run_at_ms)
-        if reason is not None:
+        reasons = _missed_reasons(spans.get(run.job_id, ()), run.run_at_ms)
+        if len(reasons) > 1:
+            out.append(
+                Violation("doubled", f"{run.key} was recorded missed {len(reasons)} times {reasons}", run.due_ms)
+            )
+        if run.key in dead and (started is not None or reasons):
+            outcome = "ran" if started is not None else f"was recorded missed ({reasons[0]})"
+            out.append(Violation("doubled", f"{run.key} failed for good and also {outcome}", run.due_ms))
+        if reasons:
             if started is not None:
-                out.append(Violation("doubled", f"{run.key} ran and was also recorded missed ({reason})", started))
+                out.append(Violation("doubled", f"{run.key} ran and was also recorded missed ({reasons[0]})", started))
             else:
                 missed_count += 1
+            continue
+        if run.key in dead:
             continue
         if started is None:
             out.append(Violation("lost", f"{run.key} (due {run.due_ms}) never ran", run.due_ms))
@@ -136,8 +154,156 @@ def check_runs(
     return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail)), missed_count
 
 
+def _missed_reasons(spans: Sequence[MissedRuns], run_at_ms: int) -> list[str]:
+    """The reasons of every span that counts ``run_at_ms`` missed: one at
+    most, since each nominal time ends in one outcome."""
+    return [span.reason for span in spans if span.first_ms <= run_at_ms < span.end_ms]
+
+
 def _missed_reason(spans: Sequence[MissedRuns], run_at_ms: int) -> str | None:
-    for span in spans:
-        if span.first_ms <= run_at_ms < span.end_ms:
-            return span.reason
-    return None
+    reasons = _missed_reasons(spans, run_at_ms)
+    return reasons[0] if reasons else None
+
+
+def check_ends(
+    owed: Iterable[OwedRun], ledger: Ledger, runs: Mapping[str, Mapping[tuple[int, int], RunRow]]
+) -> list[Violation]:
+    """What the store holds of each run owed, against what the downstream
+    saw: as many failed attempts recorded as calls that failed (a parked
+    run made no call, and counts no failure), a run that ran recorded
+    succeeded, and a dead letter's last failed attempt recorded as its last."""
+    out: list[Violation] = []
+    for run in owed:
+        row = runs.get(run.job_id, {}).get((run.run_at_ms, 0))
+        recorded = 0 if row is None else len(row.failures)
+        failed = ledger.failed.get(run.key, 0)
+        if recorded != failed:
+            detail = f"{run.key}: {failed} calls failed, {recorded} failed attempts recorded"
+            out.append(Violation("failures", detail, run.due_ms))
+        if row is None:
+            continue
+        if run.key in ledger.first_start and row.state != "succeeded":
+            out.append(Violation("unsettled", f"{run.key} ran but is recorded {row.state}", run.due_ms))
+        if row.state == "failed" and not (row.failures and row.failures[-1][1].dead_lettered):
+            out.append(Violation("unsettled", f"{run.key} failed for good without its last failure", run.due_ms))
+    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
+
+
+# The reasons for a missed time that each catch-up policy can give: run_all
+# replays every time, skip and run_once pass over times as skipped, deadline
+# as past its deadline.
+_CATCH_UP_REASONS: dict[str, frozenset[str]] = {
+    "run_all": frozenset(),
+    "run_once": frozenset({"skipped"}),
+    "skip": frozenset({"skipped"}),
+    "deadline": frozenset({"past_deadline"}),
+}
+
+
+def check_policies(
+    owed: Iterable[OwedRun], missed: Mapping[str, Sequence[MissedRuns]], jobs: Mapping[str, Job]
+) -> list[Violation]:
+    """Each time recorded missed, for a reason its job's catch-up policy
+    gives."""
+    out: list[Violation] = []
+    for run in owed:
+        reason = _missed_reason(missed.get(run.job_id, ()), run.run_at_ms)
+        policy = jobs[run.job_id].catch_up
+        if reason is not None and reason not in _CATCH_UP_REASONS[policy]:
+            out.append(Violation("policy", f"{run.key} recorded missed ({reason}) under catch-up {policy}", run.due_ms))
+    return out
+
+
+def check_catch_up(
+    owed: Iterable[OwedRun],
+    ledger: Ledger,
+    jobs: Mapping[str, Job],
+    down_ms: int,
+    up_ms: int,
+) -> list[Violation]:
+    """The nominal times of recurring jobs due while the whole cluster was
+    down, from ``down_ms`` (the last round before it, whose runs were not
+    handed on either) to its return at ``up_ms``: what each policy makes of
+    them on the return. Each time's one outcome is check_runs'; this checks
+    which outcome.
+
+    - run_all: every one ran;
+    - run_once: the first ran, once, and no other;
+    - skip: one that ran started within its max delay of its due time (a
+      time due near the return may);
+    - deadline: one that ran started within its max delay of its due time,
+      and each whose max delay outlasts the return by RECOVERY_MS ran.
+    """
+    inside: dict[str, list[OwedRun]] = {}
+    for run in owed:
+        if down_ms < run.due_ms <= up_ms and jobs[run.job_id].schedule.kind == "cron":
+            inside.setdefault(run.job_id, []).append(run)
+    out: list[Violation] = []
+    for job_id, runs in inside.items():
+        out += _policy_kept(jobs[job_id], runs, ledger, up_ms)
+    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
+
+
+def _policy_kept(job: Job, runs: Sequence[OwedRun], ledger: Ledger, up_ms: int) -> list[Violation]:
+    ran = [run for run in runs if run.key in ledger.first_start]
+    policy = job.catch_up
+
+    def violation(detail: str, run: OwedRun) -> Violation:
+        return Violation("catch-up", f"{job.id} ({policy}): {detail}", run.due_ms)
+
+    if policy == "run_all":
+        return [violation(f"{run.key} of the outage did not run", run) for run in runs if run not in ran]
+    if policy == "run_once":
+        if ran != runs[:1]:
+            return [violation(f"{len(ran)} of its {len(runs)} times in the outage ran, not the first alone", runs[0])]
+        return []
+    out = []
+    for run in ran:
+        late_ms = ledger.first_start[run.key] - run.due_ms
+        if late_ms > job.max_delay_ms + MAX_SKEW_MS:
+            out.append(violation(f"{run.key} ran {late_ms} ms after its due time", run))
+    if policy == "deadline":
+        due_to_run = [run for run in runs if run.due_ms + job.max_delay_ms >= up_ms + RECOVERY_MS]
+        out += [violation(f"{run.key} within its deadline did not run", run) for run in due_to_run if run not in ran]
+    return out
+
+
+def check_lane(
+    broker: Broker, election: Election, rate_per_s: int, late_after_ms: int, skews_ms: Mapping[str, int]
+) -> tuple[list[Violation], int]:
+    """The catch-up lane of each leader hands on at most ``rate_per_s`` runs
+    in any one second: the runs it sent more than ``late_after_ms`` after
+    their due time, by its own clock (``skews_ms``: each node's offset, by
+    the node part of a holder's name), counted by the broker's clock.
+    Returns the violations and the most any lane sent in one second."""
+    holder_of = {(g.partition, g.fence): g.holder for g in election.grants()}
+    late: dict[str, list[int]] = {}
+    for partition in range(broker.partitions):
+        for record in broker.records_since(partition, 0):
+            sent = native.decode(record.payload)
+            holder = holder_of.get((sent.partition, sent.fence), "unknown")
+            skew = skews_ms.get(holder.split(".")[0], 0)
+            if sent.due_ms < record.appended_at_ms + skew - late_after_ms:
+                late.setdefault(holder, []).append(record.appended_at_ms)
+    out = []
+    peak = 0
+    for holder, times in sorted(late.items()):
+        busiest, at = _busiest_second(sorted(times))
+        peak = max(peak, busiest)
+        if busiest > rate_per_s:
+            detail = f"{holder}'s catch-up lane handed on {busiest} runs in the second from {at}, over {rate_per_s}"
+            out.append(Violation("lane", detail, at))
+    return out, peak
+
+
+def _busiest_second(times: Sequence[int]) -> tuple[int, int]:
+    """The most of ``times`` (sorted) within one second [t, t + 1 s), and t."""
+    window: deque[int] = deque()
+    busiest, at = 0, 0
+    for t in reversed(times):
+        window.appendleft(t)
+        while window[-1] >= t + 1_000:
+            window.pop()
+        if len(window) >= busiest:
+            busiest, at = len(window), t
+    return busiest, at

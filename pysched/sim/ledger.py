@@ -35,9 +35,24 @@ class Ledger:
         self.repeats: Counter[str] = Counter()  # run key -> executions past the first
         self.executed = 0
         self._digest = hashlib.sha256()
-        # Runs of flaky jobs: failed attempts so far, and the first one's start.
+        # Failed attempts of each run so far (a flaky job's, or any call
+        # while the downstream is down), and the first one's start.
         self.failed: Counter[str] = Counter()
         self.first_try: dict[str, int] = {}
+        # [down, up) in world time: the downstream fails every call; and
+        # when each call made while it was down came.
+        self.down_ms: tuple[int, int] | None = None
+        self.calls_while_down: list[int] = []
+
+    def is_down(self, now_ms: int) -> bool:
+        return self.down_ms is not None and self.down_ms[0] <= now_ms < self.down_ms[1]
+
+    def fail(self, key: str, now_ms: int) -> int:
+        """An attempt of the run of ``key`` fails, with no effect: how many
+        of its attempts have failed now."""
+        self.first_try.setdefault(key, now_ms)
+        self.failed[key] += 1
+        return self.failed[key]
 
     def add(self, execution: Execution) -> None:
         line = f"{execution.key} {execution.at_ms}"
@@ -62,9 +77,11 @@ _LEDGERS: dict[str, Ledger] = {}
 _LOCK = threading.Lock()
 
 
-def open_ledger(world_id: str, clock: Clock) -> Ledger:
+def open_ledger(world_id: str, clock: Clock, down_ms: tuple[int, int] | None = None) -> Ledger:
+    """``down_ms``: when the world's downstream fails every call."""
     with _LOCK:
         _LEDGERS[world_id] = ledger = Ledger(clock)
+    ledger.down_ms = down_ms
     return ledger
 
 
@@ -74,17 +91,24 @@ def close_ledger(world_id: str) -> None:
 
 
 class SimulatedFailure(Exception):
-    """A flaky job's attempt failing, with no effect."""
+    """A flaky job's attempt, or a call while the downstream is down,
+    failing with no effect."""
 
 
 def record(ctx: RunContext) -> None:
+    """The downstream: while it is down every call fails; a flaky job's run
+    fails its first ``fail_first`` attempts, whatever made them fail."""
     ledger = _LEDGERS[str(ctx.payload["world"])]
     key = ctx.idempotency_key
     now_ms = ledger.clock.now_ms()
+    if ledger.is_down(now_ms):
+        ledger.calls_while_down.append(now_ms)
+        failed = ledger.fail(key, now_ms)
+        raise SimulatedFailure(f"attempt {ctx.attempt} fails: the downstream is down ({failed} failed)")
     fail_first = int(ctx.payload.get("fail_first", 0))
     if fail_first:
         ledger.first_try.setdefault(key, now_ms)
         if ledger.failed[key] < fail_first:
-            ledger.failed[key] += 1
-            raise SimulatedFailure(f"attempt {ctx.attempt} fails, {ledger.failed[key]} of {fail_first}")
+            failed = ledger.fail(key, now_ms)
+            raise SimulatedFailure(f"attempt {ctx.attempt} fails, {failed} of {fail_first}")
     ledger.add(Execution(key, now_ms))

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pysched import cron
-from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched.model import CATCH_UP_POLICIES, CronSchedule, Job, OnceSchedule
 from pysched.planning import jitter_for
 from pysched.records import idempotency_key
 from pysched.sim.ledger import TARGET
@@ -16,6 +16,13 @@ from pysched.sim.ledger import TARGET
 # so that a node's failover (a lease TTL and a poll) never makes the run_once
 # catch-up skip a run, and every nominal time is owed.
 _KINDS: tuple[tuple[str, float], ...] = (("minutely", 0.01), ("hourly", 0.3), ("daily", 0.4), ("once", 0.29))
+# A world whose jobs each follow a catch-up policy drawn from all four: a
+# third are minutely, so that a cluster's outage passes over many of their
+# times and each policy has plenty to decide.
+_CATCH_UP_KINDS: tuple[tuple[str, float], ...] = (("minutely", 0.35), ("hourly", 0.35), ("daily", 0.2), ("once", 0.1))
+# The max delays drawn for skip and deadline jobs, in seconds (None: the
+# job's default, 60 s): several, so that each splits an outage differently.
+_MAX_DELAYS_S: tuple[float | None, ...] = (None, 300.0, 600.0, 1_800.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +42,22 @@ FLAKY_RETRY = {"retries": 3, "backoff_base_s": 0.5, "backoff_cap_s": 2.0}
 
 
 def make_jobs(
-    rng: random.Random, count: int, world_id: str, start_ms: int, span_ms: int, flaky: float = 0.0
+    rng: random.Random,
+    count: int,
+    world_id: str,
+    start_ms: int,
+    span_ms: int,
+    flaky: float = 0.0,
+    catch_up: bool = False,
 ) -> list[Job]:
     """``flaky``: the fraction of jobs whose every run fails its first one
-    or two attempts; drawn from a generator of its own, so that a world
-    without flaky jobs is the world it always was."""
+    or two attempts; ``catch_up``: each job draws its catch-up policy (and,
+    for skip and deadline, its max delay). Each is drawn from a generator of
+    its own, so that a world without them is the world it always was."""
     flaky_rng = random.Random(rng.random()) if flaky else None
-    kinds = [k for k, _ in _KINDS]
-    weights = [w for _, w in _KINDS]
+    policy_rng = random.Random(rng.random()) if catch_up else None
+    kinds = [k for k, _ in (_CATCH_UP_KINDS if catch_up else _KINDS)]
+    weights = [w for _, w in (_CATCH_UP_KINDS if catch_up else _KINDS)]
     jobs = []
     for i, kind in enumerate(rng.choices(kinds, weights, k=count)):
         spec: dict[str, object] = {
@@ -62,8 +77,20 @@ def make_jobs(
         if flaky_rng is not None and flaky_rng.random() < flaky:
             spec["payload"] = {"world": world_id, "fail_first": flaky_rng.randint(1, 2)}
             spec["retry"] = FLAKY_RETRY
+        if policy_rng is not None:
+            spec.update(_catch_up_spec(policy_rng))
         jobs.append(Job.model_validate(spec))
     return jobs
+
+
+def _catch_up_spec(rng: random.Random) -> dict[str, object]:
+    policy = rng.choice(CATCH_UP_POLICIES)
+    spec: dict[str, object] = {"catch_up": policy}
+    if policy in ("skip", "deadline"):
+        max_delay_s = rng.choice(_MAX_DELAYS_S)
+        if max_delay_s is not None:
+            spec["max_delay_s"] = max_delay_s
+    return spec
 
 
 def owed_runs(job: Job, registered_ms: int, until_ms: int, after_ms: int | None = None) -> Iterator[OwedRun]:

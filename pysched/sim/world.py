@@ -7,6 +7,7 @@ seed replays the same world."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 from pysched.breakers import BreakerPolicy
@@ -35,6 +36,12 @@ _DELIVERIES_PER_ROUND = 200
 # row.
 WORKER_CONFIG = WorkerConfig(breaker=BreakerPolicy(failure_threshold=1_000, budget_floor=1_000_000))
 
+# A world whose downstream goes down gets the production breaker and budget
+# instead (breakers.BreakerPolicy: open after 5 failures in a row for 30 s,
+# then one probe; retries within 10% of first attempts, at least 3 a
+# minute): that world exists to see them open, park and resume.
+OUTAGE_WORKER_CONFIG = WorkerConfig(breaker=BreakerPolicy())
+
 
 class NodeClock:
     """A node's view of the world's clock, off by its skew. Nodes never move
@@ -59,21 +66,28 @@ class SimNode:
     index: int
     cluster: MemoryCluster
     clock: NodeClock
-    rng: random.Random
+    seed: float  # its generators' seed, drawn from the world's
     faults: NodeFaults
+    worker_config: WorkerConfig = WORKER_CONFIG
+    leader_config: LeaderConfig = field(default_factory=LeaderConfig)
     incarnation: int = 0
     alive: bool = True
     paused_until_ms: int = 0
+    rng: random.Random = field(init=False)
     clients: MemoryNode = field(init=False)
     consumer: MemoryConsumer = field(init=False)
     leader: PartitionLeader = field(init=False)
     driver: SyncDriver = field(init=False)
     executor: Executor = field(init=False)
     worker: DeliveryWorker = field(init=False)
+    # What the executors of its earlier incarnations counted (parked,
+    # retried, dead_lettered, ...).
+    past_counts: Counter[str] = field(default_factory=Counter)
     _next_heartbeat_ms: int = 0
     _replace_consumer: bool = False
 
     def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
         self.start()
 
     @property
@@ -90,10 +104,14 @@ class SimNode:
             self.clients.dispatcher,
             self.clock,
             self.holder,
-            LeaderConfig(),
+            self.leader_config,
         )
         self.driver = SyncDriver(self.leader)
-        self.executor = Executor(self.clients.claims, self.clients.store, self.clock, self.holder, WORKER_CONFIG)
+        # Its retries' backoffs drawn from the seed too, each process its own.
+        retry_rng = random.Random(f"{self.seed}/{self.incarnation}")
+        self.executor = Executor(
+            self.clients.claims, self.clients.store, self.clock, self.holder, self.worker_config, retry_rng
+        )
         self.consumer = self.clients.dispatcher.consumer()
         self.worker = DeliveryWorker(self.consumer, self.executor, self.rng)
 
@@ -103,8 +121,13 @@ class SimNode:
         self.consumer.crash()
 
     def restart(self) -> None:
+        self.past_counts += self.executor.counts
         self.incarnation += 1
         self.start()
+
+    def counts(self) -> Counter[str]:
+        """What its executors counted, over every incarnation."""
+        return self.past_counts + self.executor.counts
 
     def lose_consumer(self) -> None:
         """The worker's consumer drops out of the group (a session timeout, a
@@ -136,7 +159,16 @@ class SimNode:
 class World:
     """The cluster's servers, its nodes, the world clock and the fault plan."""
 
-    def __init__(self, rng: random.Random, nodes: int, partitions: int, start_ms: int, plan: FaultPlan) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        nodes: int,
+        partitions: int,
+        start_ms: int,
+        plan: FaultPlan,
+        worker_config: WorkerConfig = WORKER_CONFIG,
+        leader_config: LeaderConfig | None = None,
+    ) -> None:
         self.rng = rng
         self.clock = ManualClock(start_ms)
         self.cluster = open_memory(partitions, self.clock)
@@ -146,20 +178,24 @@ class World:
                 i,
                 self.cluster,
                 NodeClock(self.clock, plan.skews_ms[i]),
-                random.Random(rng.random()),
+                rng.random(),
                 NodeFaults(random.Random(rng.random())),
+                worker_config,
+                leader_config or LeaderConfig(),
             )
             for i in range(nodes)
         ]
         self._pending = list(plan.events)  # not yet begun, by time
         self._active: list[FaultEvent] = []  # begun, not yet over
         self.faults_begun = 0
+        self.blacked_out = False
 
     def round(self) -> None:
         """Begin and end the faults due now, then one round of every live
         node, in an order drawn from the seed, each node's parts in an order
         drawn too."""
         now = self.clock.now_ms()
+        self._blackout(now)
         self._faults(now)
         nodes = list(self.nodes)
         self.rng.shuffle(nodes)
@@ -167,6 +203,27 @@ class World:
             order = list(ROUND)
             self.rng.shuffle(order)
             node.round(now, order)
+
+    def idle_until(self) -> int | None:
+        """While the whole cluster is down, when it comes back: no round
+        before then can do anything, and the world may skip to it."""
+        return self.plan.blackout_ms[1] if self.blacked_out and self.plan.blackout_ms is not None else None
+
+    def _blackout(self, now: int) -> None:
+        """The cluster's outage: every node gone at once without a word,
+        each started again as a new process when it ends."""
+        if self.plan.blackout_ms is None:
+            return
+        down, up = self.plan.blackout_ms
+        if not self.blacked_out and down <= now < up:
+            self.blacked_out = True
+            self.faults_begun += 1
+            for node in self.nodes:
+                node.crash()
+        elif self.blacked_out and now >= up:
+            self.blacked_out = False
+            for node in self.nodes:
+                node.restart()
 
     def _faults(self, now: int) -> None:
         while self._pending and self._pending[0].at_ms <= now:
