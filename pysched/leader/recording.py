@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pysched.leader.config import LeaderConfig, RunDispatched
 from pysched.planning import plan_after_dispatch
-from pysched.protocols import Fences, Run, ScheduleStore
+from pysched.protocols import Fences, NextRuns, Run, ScheduleStore
 
 log = logging.getLogger("pysched.leader")
 
@@ -28,6 +28,18 @@ class SentBatch:
     fences: dict[int, int]
     marks: dict[int, int]
     sent_at: int
+    # Partitions of the rows sent past their due time by more than a
+    # settle: catch-up replays, whose next runs may be planned due in the
+    # past (see PartitionLeader._marks).
+    overdue: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What recording a batch planned, for the tick to take into the cache."""
+
+    runs: list[Run]
+    overdue: frozenset[int]
 
 
 def record_sent(
@@ -37,7 +49,23 @@ def record_sent(
     their jobs, the core plans what follows them, the store records both.
     Returns the next runs stored."""
     jobs = store.planning_state({row.job_id for row in rows}) if rows else {}
-    return store.finish_dispatch(rows, fences, marks, now_ms, plan_after_dispatch(rows, jobs, now_ms))
+    next_runs = plan_after_dispatch(rows, jobs, now_ms)
+    return store.finish_dispatch(rows, fences, marks_before(marks, next_runs), now_ms, next_runs)
+
+
+def marks_before(marks: Mapping[int, int], next_runs: NextRuns) -> dict[int, int]:
+    """``marks``, each held below the next runs planned in its partition.
+    A catch-up replay plans its next run due in the past, while the batch
+    that sent the one before may carry a mark up to now (the catch-up lane
+    held nothing of the partition when it was sent): a watermark moved past
+    that run hides it from every later read of the partition, and the run,
+    dropped from the lane as gone at the next reload, would never be sent."""
+    held = dict(marks)
+    for nxt in next_runs.runs:
+        mark = held.get(nxt.partition)
+        if mark is not None and nxt.run.due_ms <= mark:
+            held[nxt.partition] = nxt.run.due_ms - 1
+    return held
 
 
 class Recorder:
@@ -57,7 +85,7 @@ class Recorder:
         self._failures = 0
         self._retry_at = 0
         # The runs each recorded batch planned, for the tick to load.
-        self.planned: collections.deque[list[Run]] = collections.deque()
+        self.planned: collections.deque[Planned] = collections.deque()
 
     def submit(self, batch: SentBatch) -> None:
         with self._lock:
@@ -110,9 +138,11 @@ class Recorder:
             return False
         self._failures = 0
         self._told = False
+        # Planned before the batch leaves the queue: a tick that finds the
+        # recorder idle finds what it planned in ``planned`` too.
+        self.planned.append(Planned(planned, batch.overdue))
         with self._lock:
             self._batches.popleft()
-        self.planned.append(planned)
         return True
 
     def drop(self) -> int:
