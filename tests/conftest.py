@@ -139,9 +139,10 @@ def keyspace(_keyspace_dropper: _KeyspaceDropper) -> Iterator[str]:
     _keyspace_dropper.drop(name)
 
 
-@pytest.fixture
-def cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator[Cluster]:
-    config = cluster_config_for(services, keyspace, partitions=32, kafka_partitions=8)
+def running_cluster(services: dict[str, Any], keyspace: str, tmp_path: Path, **overrides: Any) -> Iterator[Cluster]:
+    """A cluster's config on the servers, its keyspace and topic made, and
+    the processes the test starts stopped at the end (a fixture's body)."""
+    config = cluster_config_for(services, keyspace, **{"partitions": 32, "kafka_partitions": 8, **overrides})
     path = write_config(tmp_path / "cluster.toml", config.model_dump())
     # Create the keyspace and topic once, before the processes race to.
     open_cluster(config, coordinator=False).close()
@@ -149,3 +150,8 @@ def cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator
     yield c
     for proc in c.procs.values():
         stop_node(proc)
+
+
+@pytest.fixture
+def cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator[Cluster]:
+    yield from running_cluster(services, keyspace, tmp_path)

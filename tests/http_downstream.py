@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from pysched.model import Job
+
 
 class Downstream:
     """A local HTTP server: 503 to every call while failing, else 200; it
@@ -45,3 +47,19 @@ class Downstream:
     def count(self, status: int) -> int:
         with self.lock:
             return sum(answers.count(status) for answers in self.answers.values())
+
+
+def jobs_calling(url: str, n: int, due_ms: int) -> list[Job]:
+    """n one-shot HTTP jobs due together at ``due_ms``, each calling ``url``
+    with up to 3 quick retries."""
+    return [
+        Job.model_validate(
+            {
+                "id": f"hook-{i:04d}",
+                "schedule": {"kind": "once", "run_at_ms": due_ms},
+                "target": {"kind": "http", "url": url, "timeout_s": 5},
+                "retry": {"retries": 3, "backoff_base_s": 0.2, "backoff_cap_s": 1.0},
+            }
+        )
+        for i in range(n)
+    ]

@@ -11,11 +11,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pysched.model import Job
 from pysched.registry import register_many
 from pysched.stores.sqlite import SQLiteScheduleStore
 from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
-from tests.http_downstream import Downstream
+from tests.http_downstream import Downstream, jobs_calling
 
 RUNS = 2_000
 WORKERS = 4
@@ -49,17 +48,7 @@ def test_a_failing_downstream_is_held_to_the_budget_and_every_run_completes_once
 ) -> None:
     # Registered before the node starts, due together in a few seconds.
     due_ms = time.time_ns() // 1_000_000 + 3_000
-    jobs = [
-        Job.model_validate(
-            {
-                "id": f"hook-{i:04d}",
-                "schedule": {"kind": "once", "run_at_ms": due_ms},
-                "target": {"kind": "http", "url": downstream.url, "timeout_s": 5},
-                "retry": {"retries": 3, "backoff_base_s": 0.2, "backoff_cap_s": 1.0},
-            }
-        )
-        for i in range(RUNS)
-    ]
+    jobs = jobs_calling(downstream.url, RUNS, due_ms)
     store = SQLiteScheduleStore(db_path)
     assert register_many(store, jobs, due_ms - 3_000) == []
     store.db.close()

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pysched.model import Job
 from pysched.node import open_cluster
 from pysched.registry import register_many
-from tests.conftest import cluster_config_for
-from tests.helpers import Cluster, cli, cli_json, now_ms, stop_node, wait_for, write_config
-from tests.http_downstream import Downstream
+from tests.conftest import running_cluster
+from tests.helpers import Cluster, cli, cli_json, now_ms, wait_for
+from tests.http_downstream import Downstream, jobs_calling
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -50,22 +50,16 @@ def _cli_json(cluster: Cluster, *args: str) -> Any:
 
 
 @pytest.fixture
-def breaker_cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Any:
-    config = cluster_config_for(
+def breaker_cluster(services: dict[str, Any], keyspace: str, tmp_path: Path) -> Iterator[Cluster]:
+    yield from running_cluster(
         services,
         keyspace,
+        tmp_path,
         partitions=16,
-        kafka_partitions=8,
         breaker_failures=THRESHOLD,
         breaker_open_s=OPEN_S,
         retry_budget_floor=BUDGET_FLOOR,
     )
-    path = write_config(tmp_path / "cluster.toml", config.model_dump())
-    open_cluster(config, coordinator=False).close()
-    cluster = Cluster(config, path, tmp_path, tmp_path / "ledger.txt")
-    yield cluster
-    for proc in cluster.procs.values():
-        stop_node(proc)
 
 
 def test_a_failing_downstream_is_held_to_the_budget_across_workers_and_every_run_completes_once(
@@ -77,17 +71,7 @@ def test_a_failing_downstream_is_held_to_the_budget_across_workers_and_every_run
         cluster.start(f"worker-{k}", "worker", "--workers", str(THREADS), "--quiet")
     wait_for(lambda: len(cluster.leaders()) == cluster.config.partitions, 60, "every partition to have a leader")
     due_ms = now_ms() + 15_000
-    jobs = [
-        Job.model_validate(
-            {
-                "id": f"hook-{i:04d}",
-                "schedule": {"kind": "once", "run_at_ms": due_ms},
-                "target": {"kind": "http", "url": downstream.url, "timeout_s": 5},
-                "retry": {"retries": 3, "backoff_base_s": 0.2, "backoff_cap_s": 1.0},
-            }
-        )
-        for i in range(RUNS)
-    ]
+    jobs = jobs_calling(downstream.url, RUNS, due_ms)
     backends = open_cluster(cluster.config, coordinator=False)
     try:
         assert register_many(backends.store, jobs, now_ms()) == []
