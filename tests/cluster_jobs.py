@@ -20,8 +20,9 @@ from typing import Any
 
 from pysched.targets import RunContext
 
-# The counter's steps, a quarter second each plus a checkpoint: long enough
-# to be killed halfway, short enough for a test.
+# The counter's steps, a quarter second each plus a checkpoint (unless the
+# payload's ``step_s`` says otherwise): long enough to be killed halfway,
+# short enough for a test.
 COUNT_TO = 40
 STEP_S = 0.25
 
@@ -63,10 +64,11 @@ def count(ctx: RunContext) -> int | str:
     start = int((ctx.checkpoint_state or {}).get("n", 0))
     _started(ctx, start)
     progress = Path(ctx.payload["dir"]) / "progress"
+    step_s = float(ctx.payload.get("step_s", STEP_S))
     for n in range(start + 1, COUNT_TO + 1):
         if ctx.cancelled.is_set():
             return "cancelled"
-        time.sleep(STEP_S)
+        time.sleep(step_s)
         ctx.checkpoint({"n": n})
         # After the checkpoint: what the test reads was saved already.
         progress.write_text(str(n))
@@ -81,6 +83,7 @@ def outlast(ctx: RunContext) -> int:
     written down, not hidden: the test fails on it."""
     out = Path(ctx.payload["dir"])
     min_s, max_s = float(ctx.payload["min_s"]), float(ctx.payload["max_s"])
+    step_s = float(ctx.payload.get("step_s", STEP_S))
     _started(ctx, 0)
     began = time.monotonic()
     steps = 0
@@ -91,7 +94,7 @@ def outlast(ctx: RunContext) -> int:
         if ctx.cancelled.is_set():
             _report(ctx, f"cancelled.{os.getpid()}.json", {"after_s": ran_s})
             return steps
-        time.sleep(STEP_S)
+        time.sleep(step_s)
         steps += 1
         ctx.checkpoint({"n": steps})
     _commit_effect(ctx, {"steps": steps, "ran_s": time.monotonic() - began})
