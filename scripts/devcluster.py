@@ -153,6 +153,20 @@ def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
     return proc.pid
 
 
+class ExitedWhileStarting(SystemExit):
+    """A server died before it was ready; ``log_tail`` says why."""
+
+    def __init__(self, name: str, log_tail: str) -> None:
+        super().__init__(f"services: {name} exited while starting; end of its log:\n{log_tail}")
+        self.log_tail = log_tail
+
+
+# A port free when it was picked may be taken before the server binds it (an
+# outgoing connection of another server starting meanwhile gets it as its
+# ephemeral port): such a start is tried again on new ports, this often.
+_BIND_ATTEMPTS = 3
+
+
 def wait_ready(name: str, pid: int, check: Callable[[], bool], timeout_s: float, start: float) -> float:
     """Seconds from ``start`` (the spawn) until ``check`` passes. Checked at
     least once however late this is called: the servers started after this
@@ -160,7 +174,7 @@ def wait_ready(name: str, pid: int, check: Callable[[], bool], timeout_s: float,
     while True:
         if not alive(pid):
             tail = (STATE_DIR / name / "server.log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"services: {name} exited while starting; end of its log:\n{tail}")
+            raise ExitedWhileStarting(name, tail)
         try:
             if check():
                 return time.monotonic() - start
@@ -609,7 +623,17 @@ def up(names: list[str], fresh: bool) -> dict[str, Any]:
         state[name] = {"pid": pending[name].pid, **pending[name].info}
         save_state(state)
     for name, started in pending.items():
-        took = wait_ready(name, started.pid, started.check, started.timeout_s, started.at)
+        for attempt in range(1, _BIND_ATTEMPTS + 1):
+            try:
+                took = wait_ready(name, started.pid, started.check, started.timeout_s, started.at)
+                break
+            except ExitedWhileStarting as exc:
+                if attempt == _BIND_ATTEMPTS or "address already in use" not in exc.log_tail:
+                    raise
+                log(f"{name} found a port taken before it could bind it; starting it again on new ports")
+                started = pending[name] = STARTERS[name](fresh)
+                state[name] = {"pid": started.pid, **started.info}
+                save_state(state)
         state[name]["startup_s"] = round(took, 1)
         save_state(state)
         log(f"{name} ready in {took:.1f} s: {started.info}")
