@@ -7,6 +7,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pysched import native
 from pysched.config import DEFAULT_CATCH_UP_RATE
 from pysched.leader import LeaderConfig
 from pysched.model import Job
@@ -174,8 +175,15 @@ def _judge(
     violations += check_policies(owed, missed, by_id)
     if world.plan.blackout_ms is not None:
         down, up = world.plan.blackout_ms
-        # The round before the outage handed on nothing due after it.
-        violations += check_catch_up(owed, ledger, by_id, down - STEP_MS, up)
+        # The round before the outage handed on nothing due after it, but
+        # by a node whose clock runs ahead.
+        sent_before = {
+            native.decode(record.payload).idempotency_key
+            for partition in range(world.cluster.broker.partitions)
+            for record in world.cluster.broker.records_since(partition, 0)
+            if record.appended_at_ms < down
+        }
+        violations += check_catch_up(owed, ledger, by_id, down - STEP_MS, up, sent_before)
     skews = {f"node-{node.index}": node.clock.skew_ms for node in world.nodes}
     lane_violations, report.lane_peak = check_lane(
         world.cluster.broker,
