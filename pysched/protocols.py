@@ -762,6 +762,10 @@ class Claim:
     # TAKEN_OVER: the last checkpoint an earlier execution of the run saved
     # (save_checkpoint), JSON text; None when none was saved.
     checkpoint: str | None = None
+    # BUSY: when the holder's lease ends unless renewed, as far as the claim
+    # saw (None: not known). A worker that died is found then, not at the
+    # next look of a fixed beat.
+    busy_until_ms: int | None = None
 
 
 class IdempotencyClaims(Protocol):

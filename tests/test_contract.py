@@ -676,7 +676,9 @@ def test_claim_outcomes(backend: Backend) -> None:
     row = (7, "job", T0, T0, 1, 1, 0)
     c = backend.claims
     assert c.claim(record(row, 3), "w1", T0, 30_000).outcome is ClaimOutcome.CLAIMED
-    assert c.claim(record(row, 3), "w2", T0 + 1, 30_000).outcome is ClaimOutcome.BUSY
+    busy = c.claim(record(row, 3), "w2", T0 + 1, 30_000)
+    # It says when w1's lease ends: a worker that died is replaced then.
+    assert (busy.outcome, busy.busy_until_ms) == (ClaimOutcome.BUSY, T0 + 30_000)
     assert c.claim(record(row, 3), "w2", T0 + 30_001, 30_000).outcome is ClaimOutcome.TAKEN_OVER
     c.complete(record(row, 3).idempotency_key, "w2", True, "42", T0 + 30_002)
     done = c.claim(record(row, 3), "w3", T0 + 30_003, 30_000)

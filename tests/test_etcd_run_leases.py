@@ -90,7 +90,11 @@ def test_a_dead_workers_lease_runs_out_in_etcd_and_its_run_is_taken_over(workers
     rec, t = run(3), now_ms()
     a.claim(rec, "a/1", t, LEASE)
     assert a.heartbeat([rec.idempotency_key], ["a/1"], t + 1, 5_000) == []
-    assert b.claim(rec, "b/1", t + 3_600_000, LEASE).outcome is ClaimOutcome.BUSY
+    busy = b.claim(rec, "b/1", t + 3_600_000, LEASE)
+    assert busy.outcome is ClaimOutcome.BUSY
+    # It says when a's etcd lease ends unless renewed: within its 5 s TTL
+    # (etcd counts whole seconds), so b looks again then, not a beat later.
+    assert busy.busy_until_ms is not None and 0 <= busy.busy_until_ms - (t + 3_600_000) <= 5_000
     # a stops beating: no revoke, the TTL alone (5 s) frees the run.
     deadline = time.monotonic() + 60
     while b.claim(rec, "b/1", t + 3_600_000, LEASE).outcome is ClaimOutcome.BUSY:

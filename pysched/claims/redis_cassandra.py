@@ -70,7 +70,8 @@ from pysched.records import DispatchRecord
 # KEYS: floor key, claim key. ARGV: fence, holder, px, now_ms, expires_ms,
 # epoch. The claim's value is "holder|expires_ms", judged by the caller's
 # clock like the Cassandra lease; PX only cleans up. Returns {outcome, fence
-# floor[, epoch]}; 'unknown' takes no claim and leaves the floor unraised.
+# floor[, epoch, or the holder's lease end when 'held']}; 'unknown' takes no
+# claim and leaves the floor unraised.
 _CLAIM = """
 local floor = redis.call('HGET', KEYS[1], 'floor')
 if not floor then
@@ -88,7 +89,7 @@ if current then
   local sep = string.find(current, '|', 1, true)
   if sep and string.sub(current, 1, sep - 1) ~= ARGV[2]
      and tonumber(string.sub(current, sep + 1)) > tonumber(ARGV[4]) then
-    return {'held', floor}
+    return {'held', floor, string.sub(current, sep + 1)}
   end
 end
 redis.call('SET', KEYS[2], ARGV[2] .. '|' .. ARGV[5], 'PX', ARGV[3])
@@ -198,7 +199,7 @@ class RedisCassandraClaims:
         if fast == "fenced":
             return Claim(ClaimOutcome.FENCED, fence_floor=floor)
         if fast == "held":
-            return Claim(ClaimOutcome.BUSY, fence_floor=floor)
+            return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=int(reply[2]))
         if fast == "done":
             row = self.session.execute(self._read, (key,)).one()
             return Claim(ClaimOutcome.SUCCEEDED, result=row.result if row else None, fence_floor=floor)
@@ -240,12 +241,14 @@ class RedisCassandraClaims:
             # Within the lease its claim began with: its worker has not
             # needed etcd yet (see heartbeat). Tell the fast path who holds it.
             self.redis.set(self._claim_key(key), f"{row.holder}|{row.lease_expires_ms}", px=2 * lease_ms)
-            return Claim(ClaimOutcome.BUSY, fence_floor=floor)
+            return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=int(row.lease_expires_ms))
         # Its first lease is over, or it failed before: its key in etcd says
         # whether a live worker still runs it. Taking that key is the gate
         # only one taker passes; the claim row is then written for it.
         if not self.run_leases.take(key, holder, _ttl_s(lease_ms)):
-            return Claim(ClaimOutcome.BUSY, fence_floor=floor)
+            left_ms = self.run_leases.held_for_ms(key)
+            until_ms = None if left_ms is None else now_ms + left_ms
+            return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=until_ms)
         res = self.session.execute(
             self._take_over,
             (holder, record.fence, now_ms + lease_ms, now_ms, key, row.state, row.holder, row.lease_expires_ms),

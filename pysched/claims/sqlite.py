@@ -45,7 +45,7 @@ class SQLiteClaims:
                 return Claim(ClaimOutcome.SUCCEEDED, result=result, fence_floor=max(floor, record.fence))
             if state == "running" and lease_expires_ms > now_ms and current_holder != holder:
                 # another live holder: back off
-                return Claim(ClaimOutcome.BUSY, fence_floor=max(floor, record.fence))
+                return Claim(ClaimOutcome.BUSY, fence_floor=max(floor, record.fence), busy_until_ms=lease_expires_ms)
             # dead lease, failed before, or the holder itself trying again: take over
             conn.execute(
                 "UPDATE claims SET state = 'running', holder = ?, fence = ?, lease_expires_ms = ?,"

@@ -81,6 +81,16 @@ class EtcdRunLeases:
         with self._lock:
             return self._etcd.call(self._take(key, holder, ttl_s))
 
+    def held_for_ms(self, key: str) -> int | None:
+        """How long the lease holding ``key`` has left unless renewed (0:
+        the key is free now); None if etcd could not say."""
+        with self._lock:
+            try:
+                return self._etcd.call(self._held_for_ms(key))
+            except Exception as exc:
+                log.warning("could not read how long %s stays held: %s", key, exc)
+                return None
+
     def let_go(self, keys: Collection[str]) -> None:
         """Delete each key this process took, if still its holder's."""
         with self._lock:
@@ -158,6 +168,15 @@ class EtcdRunLeases:
         if created:
             self._taken[key] = _Taken(holder, lease.id, time.monotonic())
         return bool(created)
+
+    async def _held_for_ms(self, key: str) -> int:
+        kv = await self._client.get(self._key(key))
+        if kv is None or not kv.lease:
+            return 0
+        info = await self._client.get_lease_info(kv.lease, keys=False)
+        # Whole seconds, rounded down by etcd: the next look may come up to
+        # a second early, and looks again.
+        return max(0, int(info.TTL)) * 1000
 
     async def _let_go(self, keys: Collection[str]) -> None:
         tx = self._client.transactions

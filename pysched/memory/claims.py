@@ -109,7 +109,7 @@ class MemoryClaims:
             if row.state == "succeeded":
                 return Claim(ClaimOutcome.SUCCEEDED, result=row.result, fence_floor=floor)
             if row.state == "running" and row.lease_expires_ms > now_ms and row.holder != holder:
-                return Claim(ClaimOutcome.BUSY, fence_floor=floor)
+                return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=row.lease_expires_ms)
             # A dead lease, a failed run, or this holder's own claim again:
             # the cluster's conditional take-over, which wins here.
             t.rows[key] = replace_row(

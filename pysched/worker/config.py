@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from pysched.breakers import BreakerPolicy
 
+# The soonest a run held elsewhere is looked at again: a lease end known to
+# the second (etcd's) may be read as "now" for most of that second.
+_BUSY_RECHECK_MIN_MS = 250
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -43,6 +47,12 @@ class WorkerConfig:
         doubling = 2.0 ** min(max(failures - 1, 0), 64)
         return round(min(self.retry_max_s, self.retry_base_s * doubling) * 1000)
 
-    def busy_recheck_ms(self) -> int:
-        """How long a run held elsewhere is left before it is looked at again."""
-        return min(self.lease_ms, self.busy_wait_ms)
+    def busy_recheck_ms(self, busy_until_ms: int | None = None, now_ms: int = 0) -> int:
+        """How long a run held elsewhere is left before it is looked at
+        again: every ``busy_wait_ms`` (a holder may finish it early), and at
+        once when its holder's lease ends (``busy_until_ms``, if known), so a
+        worker that died is replaced within its lease, not a beat later."""
+        beat = min(self.lease_ms, self.busy_wait_ms)
+        if busy_until_ms is None:
+            return beat
+        return max(_BUSY_RECHECK_MIN_MS, min(beat, busy_until_ms - now_ms))

@@ -116,6 +116,9 @@ class Execution:
     checkpoint: str | None = None
     # When its claim's lease was last known renewed (claimed or extended).
     renewed_at_ms: int = 0
+    # Its last claim found the run another's: when that holder's lease ends
+    # unless renewed, if the claim said.
+    busy_until_ms: int | None = None
     # Set to stop its run (the target's ctx.cancelled), and why; lease_lost:
     # the run is another execution's now.
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -371,6 +374,7 @@ class Executor:
                 self.store.run_finished(execution.record, "succeeded", None, claim.result, now_ms)
                 log.info("skipped %s: %s already succeeded", execution.record.job_id, execution.record.idempotency_key)
             elif claim.outcome is ClaimOutcome.BUSY:
+                execution.busy_until_ms = claim.busy_until_ms
                 log.info("waiting on %s: it runs elsewhere under a live lease", execution.record.idempotency_key)
         self._hand_back([(e, c) for e, c in zip(executions, claims, strict=True) if c.outcome is ClaimOutcome.FENCED])
         return [claim.outcome for claim in claims]

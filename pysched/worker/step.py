@@ -116,7 +116,8 @@ class DeliveryWorker:
             self._let_go()
         elif outcome is ClaimOutcome.BUSY:
             # Wait for it to finish or for its lease to die, then look again.
-            held.retry_at_ms = executor.clock.now_ms() + executor.config.busy_recheck_ms()
+            now_ms = executor.clock.now_ms()
+            held.retry_at_ms = now_ms + executor.config.busy_recheck_ms(held.execution.busy_until_ms, now_ms)
         else:
             self._held = None
             executor.end([held.execution])
