@@ -46,12 +46,20 @@ def test_forbid_never_runs_two_at_once_across_worker_processes(cluster: Cluster,
         return any(ended_on(out, pid) >= 1 for pid in pids.values())
 
     wait_for(ended_anywhere, 60, "a run to end", tmp_path / "node.log")
-    # The job's runs all go to one Kafka partition: one worker runs them
-    # all, on any of its four threads, one at a time.
-    (first,) = {pid for _, _, pid in executions(out)}
+    # The job's runs all go to one Kafka partition: one worker runs them,
+    # on any of its four threads, one at a time, until a rebalance (the
+    # second worker joining the group late) moves that partition.
+    running: list[int] = []
+
+    def a_run_in_progress() -> bool:
+        running[:] = [pid for pid in pids.values() if running_on(out, pid)]
+        return bool(running)
+
+    wait_for(a_run_in_progress, 10, "a run in progress", tmp_path / "node.log")
+    assert len(running) == 1, f"two runs at once: {executions(out)}"
+    first = running[0]
     name = next(n for n, pid in pids.items() if pid == first)
     other = next(pid for pid in pids.values() if pid != first)
-    wait_for(lambda: running_on(out, first), 10, "a run in progress", tmp_path / f"{name}.log")
     # It stops: its partitions go to the other worker at once, which gets
     # the next fires while the run here finishes within the grace.
     os.kill(first, signal.SIGTERM)
