@@ -28,6 +28,10 @@ from pysched.coord.etcd_connection import EtcdConnection
 
 log = logging.getLogger("pysched.etcd")
 
+# How long a key still held under an expired lease is left before it is
+# looked at again (see _held_for_ms).
+_EXPIRED_NOT_YET_REVOKED_MS = 1_000
+
 
 class Holding(enum.Enum):
     HELD = "held"  # the key is this holder's, under the lease alive now
@@ -174,9 +178,14 @@ class EtcdRunLeases:
         if kv is None or not kv.lease:
             return 0
         info = await self._client.get_lease_info(kv.lease, keys=False)
+        if info.TTL <= 0:
+            # Expired, its keys not yet deleted: etcd's lessor revokes it
+            # within about half a second, or later when busy. Looking again
+            # sooner would only load etcd.
+            return _EXPIRED_NOT_YET_REVOKED_MS
         # Whole seconds, rounded down by etcd: the next look may come up to
         # a second early, and looks again.
-        return max(0, int(info.TTL)) * 1000
+        return int(info.TTL) * 1000
 
     async def _let_go(self, keys: Collection[str]) -> None:
         tx = self._client.transactions
