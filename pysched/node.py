@@ -174,6 +174,9 @@ class _NoCoordinator:
     def leaders(self) -> dict[int, Lease]:
         return {}
 
+    def giving_up(self, holder: str) -> dict[int, int]:
+        return {}
+
 
 class Node:
     """`pysched up`: a leader (or standby) and a worker pool in one process;

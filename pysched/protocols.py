@@ -712,6 +712,14 @@ class Coordinator(Protocol):
         """Who leads each partition, for status reports."""
         ...
 
+    def giving_up(self, holder: str) -> Mapping[int, int]:
+        """The partitions, with the fences they were led under, that a poll
+        of this holder has begun to hand over, whatever that poll answered:
+        one that failed after its hand-overs, or whose call timed out while
+        they went on, answered nothing, and its leader would otherwise lead
+        them on its previous answer beside their new leader."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Delivery:

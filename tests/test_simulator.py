@@ -70,6 +70,22 @@ FOUND = [
         fault_count=10,
         faults=frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}),
     ),
+    # A poll handed a partition over to a node back from a crash, then
+    # failed raising the fence of a partition it won (a store fault): its
+    # leader led the partition on its previous answer, beside the new one.
+    *(
+        SimConfig(
+            seed,
+            jobs=300,
+            hours=0.5,
+            fault_count=12,
+            catch_up=True,
+            faults=frozenset(
+                {"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}
+            ),
+        )
+        for seed in (27, 47, 55)
+    ),
 ]
 
 

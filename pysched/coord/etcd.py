@@ -14,6 +14,7 @@ a node dies its lease expires, its keys vanish, and the others take over.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -54,6 +55,10 @@ class EtcdCoordinator:
         # Per holder: one node is one holder, but nothing forbids sharing.
         self._leases: dict[str, tuple[aetcd.Lease, float]] = {}
         self._owned: dict[str, dict[int, int]] = {}
+        # Per holder, the partitions its polls began to hand over
+        # (giving_up): written on the event loop, read by the tick.
+        self._giving_up: dict[str, dict[int, int]] = {}
+        self._giving_up_lock = threading.Lock()
 
     def _key(self, kind: str, name: object) -> bytes:
         return f"{self.prefix}/{kind}/{name}".encode()
@@ -73,6 +78,10 @@ class EtcdCoordinator:
 
     def leaders(self) -> dict[int, Lease]:
         return self._call(self._leaders())
+
+    def giving_up(self, holder: str) -> dict[int, int]:
+        with self._giving_up_lock:
+            return dict(self._giving_up.get(holder, {}))
 
     def close(self) -> None:
         self._etcd.close()
@@ -113,7 +122,11 @@ class EtcdCoordinator:
         mine = {p: current.fence for p, current in leaders.items() if current.holder == holder}
         owned = {p: fence for p, fence in mine.items() if before.get(p) == fence}
         for p in sorted(set(mine) - desired):
-            # Hand it over: another node should lead it now.
+            # Hand it over: another node should lead it now. Its leader stops
+            # before the key goes, even if this poll then fails or outlives
+            # its call's timeout (giving_up).
+            with self._giving_up_lock:
+                self._giving_up.setdefault(holder, {})[p] = mine[p]
             key = self._key("leaders", p)
             await self._client.transaction(
                 compare=[self._client.transactions.value(key) == holder.encode()],

@@ -37,11 +37,15 @@ class LeaseKeeper:
         return True
 
     def granted(self, now: int) -> dict[int, int]:
-        """What the coordinator granted, while its answer holds: past that,
+        """What the coordinator granted, while its answer holds (past that,
         another node may lead these partitions, and this one stops sending
-        until the coordinator answers again."""
+        until the coordinator answers again), less what it has begun to
+        hand over since."""
         with self._lock:
             owned, granted_at = self._owned, self._granted_at
+        if owned and (giving_up := self.coordinator.giving_up(self.holder)):
+            # A poll since handed these over, and may have failed after.
+            owned = {p: fence for p, fence in owned.items() if giving_up.get(p) != fence}
         if not owned or now < granted_at + self.coordinator.answer_valid_ms:
             self._unanswered_logged = False
             return owned

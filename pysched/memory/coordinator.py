@@ -164,6 +164,8 @@ class MemoryCoordinator:
         # refreshed) and the partitions it won, with their fences.
         self._leases: dict[str, tuple[int, int]] = {}
         self._owned: dict[str, dict[int, int]] = {}
+        # Per holder, the partitions its polls began to hand over (giving_up).
+        self._giving_up: dict[str, dict[int, int]] = {}
 
     def poll(self, holder: str, now_ms: int) -> dict[int, int]:
         # Time is etcd's (the injected clock), not the caller's ``now_ms``.
@@ -186,6 +188,10 @@ class MemoryCoordinator:
             lease = self._leases.pop(holder, None)
             if lease is not None:
                 e.revoke(lease[0])
+
+    def giving_up(self, holder: str) -> dict[int, int]:
+        with self.election.lock:
+            return dict(self._giving_up.get(holder, {}))
 
     def leaders(self) -> dict[int, Lease]:
         e = self.election
@@ -229,7 +235,10 @@ class MemoryCoordinator:
         mine = {p: k.mod_revision for p, k in e.leader_keys.items() if k.holder == holder and k.lease_id == lease_id}
         owned = {p: fence for p, fence in mine.items() if before.get(p) == fence}
         for p in sorted(set(mine) - desired):
-            e.delete_leader_key(p, holder)  # hand it over: another holder should lead it
+            # Hand it over: another holder should lead it. Its leader stops
+            # at once, even if this poll then fails (giving_up).
+            self._giving_up.setdefault(holder, {})[p] = mine[p]
+            e.delete_leader_key(p, holder)
             owned.pop(p, None)
         for p in sorted(desired - set(owned)):
             if p in mine:
