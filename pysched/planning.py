@@ -67,3 +67,23 @@ def plan_after_dispatch(rows: Sequence[Run], jobs: Mapping[str, JobPlanState], n
         planned[row.job_id] = NextRun(row.job_id, state.partition, nxt, missed)
         states[row.job_id] = replace(state, next_run_at_ms=nxt.run_at_ms)
     return NextRuns(list(planned.values()), list(completed))
+
+
+def planned_before(rows: Sequence[Run], jobs: Mapping[str, JobPlanState]) -> list[NextRun]:
+    """The next runs already stored for the re-sent runs of a batch (those
+    ``plan_after_dispatch`` plans nothing for), where the store says when
+    they are due. An earlier recording of this very batch may have stored
+    them and then failed (its answer lost): the leader must hold its
+    watermark below them and take them into its wheel as if just planned,
+    or one due already, read by no load, would be passed and never sent."""
+    out: dict[str, NextRun] = {}
+    for row in rows:
+        state = jobs.get(row.job_id)
+        if state is None or state.next_run_at_ms is None or state.next_due_ms is None:
+            continue
+        if not is_resend(state, row.run_at_ms):
+            continue
+        out[row.job_id] = NextRun(
+            row.job_id, state.partition, PlannedRun(state.next_run_at_ms, state.next_due_ms), None
+        )
+    return list(out.values())

@@ -9,12 +9,12 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from pysched.model import Job, Overlap
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
-from pysched.records import DispatchRecord, idempotency_key
+from pysched.records import DispatchRecord, idempotency_key, run_id_for
 
 
 class JobExists(ValueError):
@@ -310,6 +310,10 @@ class JobPlanState:
     # registration, a reschedule, or the dispatch of the run before it);
     # None when the store knows of none.
     next_run_at_ms: int | None
+    # When that run is due, where the store keeps it with the job (None:
+    # not kept; the embedded store reads its runs by state, not by
+    # watermark, and needs it not).
+    next_due_ms: int | None = None
 
 
 # Why a schedule time of a job ran no run: its catch-up policy skipped it
@@ -354,6 +358,9 @@ class NextRuns:
     runs: list[NextRun]
     # Jobs with no run to come: they complete.
     completed: list[str]
+    # Next runs already stored for re-sent runs (planning.planned_before):
+    # written again never, returned with the runs stored.
+    stored_before: list[NextRun] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,8 +390,18 @@ def within_fences(outcome: DispatchOutcome, fences: Fences, floors: Mapping[int,
         NextRuns(
             [nxt for nxt in outcome.next_runs.runs if nxt.partition not in stale],
             [job_id for job_id in outcome.next_runs.completed if partition_of.get(job_id) not in stale],
+            [nxt for nxt in outcome.next_runs.stored_before if nxt.partition not in stale],
         ),
     )
+
+
+def stored_runs(next_runs: Sequence[NextRun]) -> list[Run]:
+    """Next runs as a cluster store keeps them, for the leader's wheel:
+    first deliveries, their handles derived from their identity."""
+    return [
+        Run(run_id_for(n.job_id, n.run.run_at_ms, 0), n.job_id, n.run.run_at_ms, n.run.due_ms, n.partition, 1, 0)
+        for n in next_runs
+    ]
 
 
 # (job, partition, jitter_ms, first run): one job of a bulk registration.

@@ -188,7 +188,9 @@ def test_dispatch_hands_each_run_on_once_and_plans_the_next(backend: Backend) ->
 def test_a_resend_plans_nothing_twice(backend: Backend) -> None:
     # One rule, in the core (planning.is_resend), for every engine: a run
     # handed on again by a new leader finds its job's next run already
-    # planned, and plans no other.
+    # planned, and plans no other. Where runs are read from a watermark, the
+    # run already planned is named again for the leader to hold its
+    # watermark below and take into its wheel (planning.planned_before).
     job = cron_job("minutely", "0 * * * * *")
     backend.store.add_job(job, 2, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0)
     (first,), (planned,) = dispatch(backend, T0 + 120_000, 1, T0 + 60_001)
@@ -196,7 +198,8 @@ def test_a_resend_plans_nothing_twice(backend: Backend) -> None:
         backend.store.raise_fence(p, 2)
     again = [r for r in backend.store.due_runs(every(2), T0 + 120_000, T0 + 60_100) if r.run_id == first.run_id]
     assert len(again) == 1
-    assert record_sent(backend.store, again, every(2), {}, T0 + 60_100) == []
+    named = [] if backend.name == "sqlite" else [planned]
+    assert record_sent(backend.store, again, every(2), {}, T0 + 60_100) == named
     assert backend.store.get_job("minutely").next_run == PlannedRun(T0 + 120_000, T0 + 120_000)
     later = [r for r in backend.store.due_runs(every(2), T0 + 180_000, T0 + 60_200) if r.run_id != first.run_id]
     assert [(r.run_id, r.due_ms) for r in later] == [(planned.run_id, T0 + 120_000)]

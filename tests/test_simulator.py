@@ -1,8 +1,9 @@
 """The simulator: seeds in short form (each a world with faults, checked for
 lost, doubled, early and late runs, and for sends under a fence that no
 longer leads), its replay, and that it catches holes put back; worlds whose
-downstream goes down behind a real breaker, and worlds whose whole cluster
-goes down for two hours, each catch-up policy checked on the return."""
+downstream goes down behind a real breaker, worlds whose whole cluster
+goes down for two hours, each catch-up policy checked on the return, and
+worlds whose leaders cannot record what they send for a while."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 
 from pysched.breakers import BreakerPolicy
 from pysched.clock import ManualClock
+from pysched.leader import recording
 from pysched.leader.cache import RunCache
 from pysched.leader.leases import LeaseKeeper
+from pysched.leader.recording import Recorder
 from pysched.protocols import SETTLE_MS, MissedRuns
 from pysched.sim.faults import KINDS, Outage
 from pysched.sim.invariants import check_runs
@@ -229,8 +232,9 @@ def cluster_outage_world(seed: int) -> SimConfig:
     )
 
 
-# Seeds 2, 4, 8 and 10 lost runs for good until catch-up replays held their
-# partitions' watermarks (PartitionLeader._marks). In seed 19 a node whose
+# Seeds 2, 4, 8 and 10 lost runs for good until the marks of batches sent
+# before a catch-up replay's next run was planned were held below it
+# (recording.Recorder). In seed 19 a node whose
 # clock runs ahead hands a run on just before the outage: not one it missed.
 CLUSTER_OUTAGE_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 19, 21)
 
@@ -245,3 +249,46 @@ def test_a_cluster_outage_ends_each_nominal_time_as_its_catch_up_policy_says(see
     assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
     assert report.missed > 0 and report.executed > 0
     assert 0 < report.lane_peak <= CATCH_UP_RATE
+
+
+# The leaders' recordings refused for two and a half minutes, five minutes
+# in, while every read and send goes on: what was sent is recorded long
+# after, and the next runs it plans are due already.
+RECORDING_OUTAGE = Outage(at_s=300, for_s=150)
+
+
+def recording_outage_world(seed: int) -> SimConfig:
+    return SimConfig(
+        seed,
+        jobs=300,
+        hours=0.5,
+        fault_count=12,
+        catch_up=True,
+        recording_outage=RECORDING_OUTAGE,
+        faults=frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}),
+    )
+
+
+# Seed 38 lost a run behind a watermark moved by a batch sent before the run
+# was planned; seed 46 lost one stored by a recording whose answer was lost
+# (a store fault as the outage ended), which its retry did not plan again.
+RECORDING_OUTAGE_SEEDS = (1, 2, 3, 38, 46)
+
+
+@pytest.mark.parametrize("seed", RECORDING_OUTAGE_SEEDS)
+def test_runs_recorded_late_lose_no_next_run(seed: int) -> None:
+    report = simulate(recording_outage_world(seed))
+    assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
+    assert report.failed_calls > 0 and report.executed > 0
+
+
+def test_marks_sent_before_a_run_was_planned_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Recorder, "_held_marks", lambda self, queued: dict(queued.batch.marks))
+    report = simulate(recording_outage_world(38))
+    assert any(v.kind == "lost" for v in report.violations), report.violations[:3]
+
+
+def test_a_retried_recording_that_forgets_what_it_stored_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recording, "planned_before", lambda rows, jobs: [])
+    report = simulate(recording_outage_world(46))
+    assert any(v.kind == "lost" for v in report.violations), report.violations[:3]

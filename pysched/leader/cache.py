@@ -95,7 +95,17 @@ class RunCache:
         self.generation += 1
         # Planned by a batch sent before a partition was lost: its new
         # leader reads them from the store.
-        near = [row for row in planned if row.due_ms < horizon and row.partition in fences]
+        # One already sent or waiting in the catch-up lane (a recording
+        # retried after its answer was lost names its runs again) is not
+        # queued twice.
+        near = [
+            row
+            for row in planned
+            if row.due_ms < horizon
+            and row.partition in fences
+            and row.run_id not in self._sent
+            and row.run_id not in self.lane
+        ]
         self._born.update(dict.fromkeys([row.run_id for row in near], self.generation))
         self._add(near, horizon)
 

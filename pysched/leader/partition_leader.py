@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable
 
 from pysched.clock import Clock
@@ -16,7 +15,7 @@ from pysched.leader.guard import ranges
 from pysched.leader.leases import LeaseKeeper
 from pysched.leader.loading import Loader
 from pysched.leader.recording import Recorder, SentBatch
-from pysched.protocols import SETTLE_MS, Coordinator, Dispatcher, Run, ScheduleStore
+from pysched.protocols import Coordinator, Dispatcher, Run, ScheduleStore
 
 log = logging.getLogger("pysched.leader")
 
@@ -57,9 +56,6 @@ class PartitionLeader:
         self.publisher = Publisher(dispatcher, cfg)
         self.recorder = Recorder(store, cfg, on_dispatch)
         self._next_watermark = 0
-        # Per partition, the batches sent with overdue runs whose planned
-        # next runs are not yet in the cache (_marks).
-        self._replaying: Counter[int] = Counter()
         self._standby_logged = False
 
     # -- the tick -------------------------------------------------------------
@@ -74,7 +70,11 @@ class PartitionLeader:
         if not self.fences:
             return False
         self._take_loaded()
-        self._take_planned(now)
+        horizon = now + self.config.horizon_ms
+        for planned in self.recorder.take_planned():
+            # Overdue, they go to the catch-up lane in this tick, before any
+            # mark is asked: the lane holds their partitions from here.
+            self.cache.add_planned(planned.runs, self.fences, horizon)
         had_overdue = self.cache.has_overdue
         rows = self.cache.take_due(now, self.fences, had_overdue and self.publisher.retry_due(now))
         late_before = now - self.config.catch_up_after_ms
@@ -87,7 +87,7 @@ class PartitionLeader:
         replays = self.lane.take(now) if self.lane and self.publisher.retry_due(now) else []
         rows += replays
         if rows:
-            self._fire(rows, now, catching_up=had_overdue or bool(late) or bool(replays))
+            self._fire(rows, now)
         if now >= self._next_watermark and self._mark_quiet(now):
             self._next_watermark = now + self.config.watermark_every_ms
         return bool(rows)
@@ -114,51 +114,26 @@ class PartitionLeader:
         while not self.loader.loaded.empty():
             self.cache.apply(self.loader.loaded.get_nowait(), self.fences)
 
-    def _take_planned(self, now: int) -> None:
-        horizon = now + self.config.horizon_ms
-        while self.recorder.planned:
-            planned = self.recorder.planned.popleft()
-            self.cache.add_planned(planned.runs, self.fences, horizon)
-            # Overdue, they go to the catch-up lane in this tick, before
-            # any mark is asked: the lane holds their partitions from here.
-            self._replaying.subtract(planned.overdue)
-            self._replaying = +self._replaying
-
-    def _fire(self, rows: list[Run], now: int, catching_up: bool = False) -> None:
+    def _fire(self, rows: list[Run], now: int) -> None:
         fences = dict(self.fences)
         if not self.publisher.publish(rows, fences, now):
             self.cache.put_back(rows)  # nothing moved past them
             return
         self.cache.sent(rows)
-        # A pass over the rows only when some may be overdue: not for a burst
-        # fired on time.
-        overdue = frozenset(r.partition for r in rows if r.due_ms < now - SETTLE_MS) if catching_up else frozenset()
-        self.recorder.submit(SentBatch(rows, fences, self._marks(fences, now), now, overdue))
-        self._replaying.update(overdue)
+        self.recorder.submit(SentBatch(rows, fences, self._marks(fences, now), now))
 
     def _marks(self, fences: dict[int, int], now: int) -> dict[int, int]:
         """The cache's marks, but none for a partition with runs waiting in
         the catch-up lane: unsent, they must stay ahead of its watermark.
-        Nor for one whose replays' next runs are still being planned: a
-        replay of ``run_all`` or ``deadline`` plans the next missed time,
-        due in the past, and a mark moved past it before it reaches the lane
-        would hide it from every later read (the next reload drops it from
-        the lane as gone, and the job never runs again). The batch that
-        plans it holds its own mark below it (recording.marks_before)."""
-        return {
-            p: mark
-            for p, mark in self.cache.marks(fences, now).items()
-            if not self.lane.holds(p) and not self._replaying[p]
-        }
+        (Runs planned after these marks are asked, and due before them, are
+        held ahead by the recorder: Recorder.step.)"""
+        return {p: mark for p, mark in self.cache.marks(fences, now).items() if not self.lane.holds(p)}
 
     def _mark_quiet(self, now: int) -> bool:
         """Tell the store nothing of the partitions read is left unsent up
         to now, so the watermarks of quiet partitions keep up too; queued
         behind the batches being recorded."""
-        # Runs planned and not yet taken into the cache (a catch-up replay's
-        # next run may be due in the past) are held by nothing yet: wait
-        # for the next tick to take them.
-        if self.recorder.busy or self.recorder.planned or self.cache.has_overdue or not self.fences:
+        if self.recorder.busy or self.cache.has_overdue or not self.fences:
             return False
         fences = dict(self.fences)
         self.recorder.submit(SentBatch([], fences, self._marks(fences, now), now))
@@ -175,7 +150,6 @@ class PartitionLeader:
             if not self.recorder.step(self.clock.now_ms()):
                 self.clock.sleep(0.05)
         dropped = self.recorder.drop()
-        self._replaying.clear()  # what the dropped batches would have planned
         if dropped:
             log.warning("gave up recording %d sent batches: the next leader sends them again", dropped)
         self.leases.release()

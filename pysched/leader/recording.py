@@ -9,12 +9,12 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from pysched.leader.config import LeaderConfig, RunDispatched
-from pysched.planning import plan_after_dispatch
-from pysched.protocols import Fences, NextRuns, Run, ScheduleStore
+from pysched.planning import plan_after_dispatch, planned_before
+from pysched.protocols import Fences, Run, ScheduleStore
 
 log = logging.getLogger("pysched.leader")
 
@@ -28,18 +28,25 @@ class SentBatch:
     fences: dict[int, int]
     marks: dict[int, int]
     sent_at: int
-    # Partitions of the rows sent past their due time by more than a
-    # settle: catch-up replays, whose next runs may be planned due in the
-    # past (see PartitionLeader._marks).
-    overdue: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Planned:
     """What recording a batch planned, for the tick to take into the cache."""
 
     runs: list[Run]
-    overdue: frozenset[int]
+    # Per partition, the earliest due of ``runs``: how far the marks of the
+    # batches sent before the tick knew of them may go (Recorder.step).
+    first_due: dict[int, int]
+    # The number of the first batch sent after the tick took these runs
+    # (its marks count them); None until it takes them.
+    known_from: int | None = None
+
+
+@dataclass(frozen=True)
+class _Queued:
+    number: int  # batches are numbered as submitted, from 0
+    batch: SentBatch
 
 
 def record_sent(
@@ -47,24 +54,39 @@ def record_sent(
 ) -> list[Run]:
     """Record ``rows`` handed on at ``now_ms``: the store is read once for
     their jobs, the core plans what follows them, the store records both.
-    Returns the next runs stored."""
+    Returns the next runs stored, and those an earlier recording of the same
+    runs stored (planning.planned_before)."""
     jobs = store.planning_state({row.job_id for row in rows}) if rows else {}
     next_runs = plan_after_dispatch(rows, jobs, now_ms)
-    return store.finish_dispatch(rows, fences, marks_before(marks, next_runs), now_ms, next_runs)
+    next_runs = replace(next_runs, stored_before=planned_before(rows, jobs))
+    planned = [*next_runs.runs, *next_runs.stored_before]
+    held = held_below(marks, first_due((nxt.partition, nxt.run.due_ms) for nxt in planned))
+    return store.finish_dispatch(rows, fences, held, now_ms, next_runs)
 
 
-def marks_before(marks: Mapping[int, int], next_runs: NextRuns) -> dict[int, int]:
-    """``marks``, each held below the next runs planned in its partition.
-    A catch-up replay plans its next run due in the past, while the batch
-    that sent the one before may carry a mark up to now (the catch-up lane
-    held nothing of the partition when it was sent): a watermark moved past
-    that run hides it from every later read of the partition, and the run,
-    dropped from the lane as gone at the next reload, would never be sent."""
+def first_due(runs: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """Per partition, the earliest due of ``runs`` (partition, due)."""
+    out: dict[int, int] = {}
+    for partition, due in runs:
+        if due < out.get(partition, due + 1):
+            out[partition] = due
+    return out
+
+
+def held_below(marks: Mapping[int, int], first: Mapping[int, int]) -> dict[int, int]:
+    """``marks``, each held below the earliest run ``first`` names in its
+    partition. A watermark moved past a run not yet sent hides it from
+    every later read of the partition: its leader's next reload drops it
+    (from the catch-up lane too) as gone, a successor never reads it, and a
+    recurring job whose next run it was never runs again. Such a run is
+    one the core planned, due in the past, after the marks were asked: a
+    catch-up replay's next missed time, or the next run of a run whose
+    recording came late (the store refusing writes while reads went on)."""
     held = dict(marks)
-    for nxt in next_runs.runs:
-        mark = held.get(nxt.partition)
-        if mark is not None and nxt.run.due_ms <= mark:
-            held[nxt.partition] = nxt.run.due_ms - 1
+    for partition, due in first.items():
+        mark = held.get(partition)
+        if mark is not None and due <= mark:
+            held[partition] = due - 1
     return held
 
 
@@ -79,18 +101,45 @@ class Recorder:
         self.config = config
         self.on_dispatch = on_dispatch
         self._lock = threading.Lock()
-        self._batches: collections.deque[SentBatch] = collections.deque()
+        self._batches: collections.deque[_Queued] = collections.deque()
+        self._submitted = 0  # the number of the next batch submitted
         self._work = threading.Event()  # set when a batch is submitted
         self._told = False  # whether observers heard of the first batch
         self._failures = 0
         self._retry_at = 0
-        # The runs each recorded batch planned, for the tick to load.
+        # The runs each recorded batch planned, for the tick to take.
         self.planned: collections.deque[Planned] = collections.deque()
+        # The same, until no batch left to record was sent before the tick
+        # took them: each such batch's marks are held below them.
+        self._unknown: collections.deque[Planned] = collections.deque()
 
     def submit(self, batch: SentBatch) -> None:
         with self._lock:
-            self._batches.append(batch)
+            self._batches.append(_Queued(self._submitted, batch))
+            self._submitted += 1
         self._work.set()
+
+    def take_planned(self) -> list[Planned]:
+        """What recording planned since the last call, for the tick: the
+        marks of every batch it submits from here count these runs."""
+        with self._lock:
+            taken = list(self.planned)
+            self.planned.clear()
+            for planned in taken:
+                planned.known_from = self._submitted
+        return taken
+
+    def _held_marks(self, queued: _Queued) -> dict[int, int]:
+        """The batch's marks, held below the runs planned after it was sent
+        and not yet sent themselves, for all the tick knew then."""
+        marks = dict(queued.batch.marks)
+        with self._lock:
+            while self._unknown and (known := self._unknown[0].known_from) is not None and known <= queued.number:
+                self._unknown.popleft()
+            unknown = [p.first_due for p in self._unknown if p.known_from is None or p.known_from > queued.number]
+        for first in unknown:
+            marks = held_below(marks, first)
+        return marks
 
     def wait_for_work(self, timeout_s: float) -> None:
         """Block until a batch is submitted or ``timeout_s`` passed (the
@@ -114,16 +163,17 @@ class Recorder:
         takes: the runs are out, and giving up would leave their jobs
         unplanned."""
         with self._lock:
-            batch = self._batches[0] if self._batches else None
-        if batch is None or now < self._retry_at:
+            queued = self._batches[0] if self._batches else None
+        if queued is None or now < self._retry_at:
             return False
+        batch = queued.batch
         if not self._told:
             # Observers hear of a batch here, not on the tick thread: a log
             # line per run of a 25,000-run burst would delay the next.
             self._tell(batch)
             self._told = True
         try:
-            planned = record_sent(self.store, batch.rows, batch.fences, batch.marks, batch.sent_at)
+            planned = record_sent(self.store, batch.rows, batch.fences, self._held_marks(queued), batch.sent_at)
         except Exception as exc:
             self._failures += 1
             delay = self.config.backoff_ms(self._failures)
@@ -140,8 +190,11 @@ class Recorder:
         self._told = False
         # Planned before the batch leaves the queue: a tick that finds the
         # recorder idle finds what it planned in ``planned`` too.
-        self.planned.append(Planned(planned, batch.overdue))
         with self._lock:
+            if planned:
+                plan = Planned(planned, first_due((run.partition, run.due_ms) for run in planned))
+                self.planned.append(plan)
+                self._unknown.append(plan)
             self._batches.popleft()
         return True
 

@@ -23,7 +23,6 @@ between them: it reads the watermarks, writes, and reads them again.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -62,9 +61,10 @@ from pysched.protocols import (
     runs_behind,
     shown_attempt,
     still_owed,
+    stored_runs,
     within_fences,
 )
-from pysched.records import DispatchRecord, idempotency_key
+from pysched.records import DispatchRecord, idempotency_key, run_id_for
 
 ROLE = "store"
 # The same constants as the Cassandra store: what the simulator checks is
@@ -78,13 +78,6 @@ _PLACE_ATTEMPTS = 5
 _FINISHED = frozenset({"succeeded", "failed", "cancelled", "missed"})
 # last_runs reads this many of a job's newest rows, as the Cassandra store.
 _LAST_RUNS_READ = 4
-
-
-def run_id_for(job_id: str, run_at_ms: int, attempt_group: int) -> int:
-    """The Cassandra store's run id: derived from the run's identity, so
-    planning the same run twice yields the same id."""
-    digest = hashlib.sha256(idempotency_key(job_id, run_at_ms, attempt_group).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,8 +515,14 @@ class MemoryScheduleStore:
             for job_id in job_ids:
                 row = self.tables.jobs.get(job_id)
                 if row is not None and row.state == "active":
-                    nxt = None if row.next_run is None else row.next_run.run_at_ms
-                    out[job_id] = JobPlanState(row.job, row.partition, row.jitter_ms, nxt)
+                    nxt = row.next_run
+                    out[job_id] = JobPlanState(
+                        row.job,
+                        row.partition,
+                        row.jitter_ms,
+                        None if nxt is None else nxt.run_at_ms,
+                        None if nxt is None else nxt.due_ms,
+                    )
             return out
 
     def finish_dispatch(
@@ -570,7 +569,6 @@ class MemoryScheduleStore:
         # As the Cassandra store: the next run and the job's pointer to it
         # are written whatever the job's state now (its run rows are upserts
         # and the pointer update sets no state), a completion plainly.
-        stored: list[Run] = []
         for nxt in next_runs.runs:
             self._write_run(nxt.job_id, nxt.partition, nxt.run)
             if nxt.missed is not None:
@@ -578,13 +576,11 @@ class MemoryScheduleStore:
             current = self.tables.jobs.get(nxt.job_id)
             if current is not None:
                 self.tables.jobs[nxt.job_id] = replace_row(current, next_run=nxt.run, updated_at_ms=now_ms)
-            run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
-            stored.append(Run(run_id, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0))
         for job_id in next_runs.completed:
             current = self.tables.jobs.get(job_id)
             if current is not None:
                 self.tables.jobs[job_id] = replace_row(current, state="completed", next_run=None, updated_at_ms=now_ms)
-        return stored
+        return stored_runs([*next_runs.runs, *next_runs.stored_before])
 
     def _move_watermark(self, partition: int, through_ms: int, fence: int) -> None:
         # IF fence <= f AND fired_through_ms < through: refused for a leader

@@ -75,18 +75,34 @@ def run(
         str | None,
         typer.Option(help="The downstream fails every call at AT s for FOR s, as AT+FOR; production breaker."),
     ] = None,
+    recording_outage: Annotated[
+        str | None,
+        typer.Option(help="The leaders cannot record what they send at AT s for FOR s, as AT+FOR."),
+    ] = None,
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
     line that replays it."""
     kinds = _faults(faults)
-    blackout, down = _outage(cluster_outage), _outage(downstream_outage)
+    blackout, down, recording = _outage(cluster_outage), _outage(downstream_outage), _outage(recording_outage)
     if not verbose:
         logging.getLogger("pysched").setLevel(logging.CRITICAL)
     failed = 0
     for n in range(seed, seed + seeds):
         config = SimConfig(
-            n, jobs, hours, kinds, nodes, partitions, fault_count, flaky, catch_up, catch_up_rate, blackout, down
+            n,
+            jobs,
+            hours,
+            kinds,
+            nodes,
+            partitions,
+            fault_count,
+            flaky,
+            catch_up,
+            catch_up_rate,
+            blackout,
+            down,
+            recording,
         )
         started = time.monotonic()
         report = simulate(config)

@@ -19,9 +19,13 @@ Kinds, as named on the command line:
 - ``skew``: the nodes' clocks differ by up to ``MAX_SKEW_MS`` (for the whole
   run).
 
-Two outages are asked for by name rather than drawn (``Outage``): the whole
-cluster down at once (every node, no hand-over), and the jobs' downstream
-failing every call. No drawn fault overlaps the cluster's outage.
+Three outages are asked for by name rather than drawn (``Outage``): the
+whole cluster down at once (every node, no hand-over); the jobs' downstream
+failing every call; and the leaders unable to record what they sent (the
+store refuses every ``finish_dispatch`` while its reads and every other call
+work: a dispatch table overloaded, a write path timing out), so that what
+was sent is recorded long after it went. No drawn fault overlaps the
+cluster's outage.
 """
 
 from __future__ import annotations
@@ -130,6 +134,8 @@ class NodeFaults:
         self._active: list[FaultEvent] = []
         self._lock = threading.Lock()
         self.injected = 0
+        # The recording outage (see above): every finish_dispatch fails.
+        self.recording_down = False
 
     def start(self, event: FaultEvent) -> None:
         with self._lock:
@@ -140,6 +146,9 @@ class NodeFaults:
             self._active.remove(event)
 
     def check(self, role: str, op: str, phase: Phase) -> None:
+        if self.recording_down and role == "store" and op == "finish_dispatch":
+            self.injected += 1
+            raise SimulatedFault(f"injected fault: {role}.{op} ({phase}): recording is down")
         if not self._active or (role == "dispatcher" and op != "publish"):
             return  # nothing failing now (no draw either); consumers fail by ``rebalance``
         with self._lock:

@@ -55,6 +55,8 @@ class SimConfig:
     # The jobs' downstream fails every call for a while; the world's breaker
     # and retry budget are then the production defaults.
     downstream_outage: Outage | None = None
+    # The leaders cannot record what they send for a while (faults.py).
+    recording_outage: Outage | None = None
 
     def replay_line(self) -> str:
         options = [
@@ -72,6 +74,8 @@ class SimConfig:
             options.append(f"--cluster-outage {self.cluster_outage.spec()}")
         if self.downstream_outage is not None:
             options.append(f"--downstream-outage {self.downstream_outage.spec()}")
+        if self.recording_outage is not None:
+            options.append(f"--recording-outage {self.recording_outage.spec()}")
         return " ".join(options)
 
 
@@ -106,7 +110,8 @@ def simulate(config: SimConfig) -> SimReport:
     plan = plan_faults(rng, config.faults, config.nodes, START_MS + 60_000, end, config.fault_count, blackout)
     leader_config = LeaderConfig(catch_up_rate=config.catch_up_rate)
     worker_config = WORKER_CONFIG if down is None else OUTAGE_WORKER_CONFIG
-    world = World(rng, config.nodes, config.partitions, START_MS, plan, worker_config, leader_config)
+    recording = None if config.recording_outage is None else config.recording_outage.window_ms(START_MS, STEP_MS)
+    world = World(rng, config.nodes, config.partitions, START_MS, plan, worker_config, leader_config, recording)
     world_id = f"world-{next(_worlds)}"
     ledger = open_ledger(world_id, world.clock, down)
     try:
@@ -115,8 +120,10 @@ def simulate(config: SimConfig) -> SimReport:
         report = SimReport(config)
         _run(world, end, report)
         # Runs due before the downstream is back and settled are owed
-        # whenever they come, as are those of a fault.
-        quiet_from = plan.quiet_from_ms if down is None else max(plan.quiet_from_ms, down[1])
+        # whenever they come, as are those of a fault, and those whose
+        # earlier runs could not be recorded (their next runs are planned
+        # when the recording is).
+        quiet_from = max([plan.quiet_from_ms] + [window[1] for window in (down, recording) if window is not None])
         report.violations += _judge(world, jobs, ledger, end, quiet_from, leader_config, report)
         report.executed = ledger.executed
         report.digest = ledger.digest()

@@ -168,6 +168,7 @@ class World:
         plan: FaultPlan,
         worker_config: WorkerConfig = WORKER_CONFIG,
         leader_config: LeaderConfig | None = None,
+        recording_outage_ms: tuple[int, int] | None = None,
     ) -> None:
         self.rng = rng
         self.clock = ManualClock(start_ms)
@@ -189,6 +190,8 @@ class World:
         self._active: list[FaultEvent] = []  # begun, not yet over
         self.faults_begun = 0
         self.blacked_out = False
+        # [down, up): the leaders cannot record what they send.
+        self.recording_outage_ms = recording_outage_ms
 
     def round(self) -> None:
         """Begin and end the faults due now, then one round of every live
@@ -196,6 +199,7 @@ class World:
         drawn too."""
         now = self.clock.now_ms()
         self._blackout(now)
+        self._recording_outage(now)
         self._faults(now)
         nodes = list(self.nodes)
         self.rng.shuffle(nodes)
@@ -224,6 +228,19 @@ class World:
             self.blacked_out = False
             for node in self.nodes:
                 node.restart()
+
+    def _recording_outage(self, now: int) -> None:
+        if self.recording_outage_ms is None:
+            return
+        down, up = self.recording_outage_ms
+        if down <= now < up:
+            if not self.nodes[0].faults.recording_down:
+                self.faults_begun += 1
+            for node in self.nodes:
+                node.faults.recording_down = True
+        else:
+            for node in self.nodes:
+                node.faults.recording_down = False
 
     def _faults(self, now: int) -> None:
         while self._pending and self._pending[0].at_ms <= now:

@@ -31,7 +31,6 @@ was being written (AHEAD_OF_WATERMARK_MS, _keep_ahead).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -78,9 +77,10 @@ from pysched.protocols import (
     runs_behind,
     shown_attempt,
     still_owed,
+    stored_runs,
     within_fences,
 )
-from pysched.records import DispatchRecord, idempotency_key
+from pysched.records import DispatchRecord, idempotency_key, run_id_for
 from pysched.stores import cassandra_breakers as breaker_tables
 from pysched.stores import cassandra_slots as slot_tables
 
@@ -122,13 +122,6 @@ _FULL_RUN_COLUMNS = (
 
 class BackendUnavailable(ConnectionError):
     """A server the node needs cannot be reached; the message names it."""
-
-
-def run_id_for(job_id: str, run_at_ms: int, attempt_group: int) -> int:
-    """A run's wheel handle, derived from its identity so that planning the
-    same run twice (after a failover) yields the same handle and rows."""
-    digest = hashlib.sha256(idempotency_key(job_id, run_at_ms, attempt_group).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def prunable(
@@ -865,7 +858,7 @@ class CassandraScheduleStore:
             row = result.one()
             job = plannable_job(job_id, row.spec) if row is not None and row.state == "active" else None
             if job is not None:
-                out[job_id] = JobPlanState(job, row.partition, row.jitter_ms, row.next_run_at_ms)
+                out[job_id] = JobPlanState(job, row.partition, row.jitter_ms, row.next_run_at_ms, row.next_due_ms)
         return out
 
     def finish_dispatch(
@@ -878,7 +871,7 @@ class CassandraScheduleStore:
         # partition in those milliseconds, and the watermark moves below
         # stay conditional on the fence (so a record of marks alone needs
         # no read).
-        if rows or next_runs.runs or next_runs.completed:
+        if rows or next_runs.runs or next_runs.completed or next_runs.stored_before:
             floors = {int(r.partition): int(r.fence or 0) for r in self.session.execute(self._watermark_fences)}
             allowed = within_fences(DispatchOutcome(rows, marks, next_runs), fences, floors)
             rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
@@ -911,7 +904,6 @@ class CassandraScheduleStore:
         return stored
 
     def _store_next(self, next_runs: NextRuns, now_ms: int) -> list[Run]:
-        stored: list[Run] = []
         batches: list[tuple[BatchStatement, None]] = []
         for nxt in next_runs.runs:
             batch = BatchStatement(batch_type=BatchType.LOGGED)
@@ -921,15 +913,13 @@ class CassandraScheduleStore:
             if nxt.missed is not None:
                 batch.add(self._insert_missed, _missed_row(nxt.missed))
             batches.append((batch, None))
-            run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
-            stored.append(Run(run_id, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0))
         for ok, result in execute_concurrent(self.session, batches, concurrency=128):
             if not ok:
                 raise result
         # A plain write, all at once: a one-shot whose run was sent is done, and
         # a burst of 50,000 of them cannot wait on one Paxos round each.
         self._concurrent(self._complete_job, [(now_ms, job_id) for job_id in next_runs.completed])
-        return stored
+        return stored_runs([*next_runs.runs, *next_runs.stored_before])
 
     # -- the worker's side ----------------------------------------------------
 
