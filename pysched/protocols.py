@@ -793,6 +793,15 @@ class Claim:
     busy_until_ms: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimHolder:
+    """The execution holding an unfinished run's claim."""
+
+    holder: str
+    # When its lease ends unless renewed; None: it has run out.
+    alive_until_ms: int | None
+
+
 class IdempotencyClaims(Protocol):
     """The executing side's guard: fence check plus a conditional claim."""
 
@@ -814,6 +823,15 @@ class IdempotencyClaims(Protocol):
 
     def raise_fence(self, partition: int, fence: int) -> None:
         """Reject from now on any dispatch of ``partition`` below ``fence``."""
+        ...
+
+    def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
+        """Who holds ``key``'s claim while its run is unfinished (None: it
+        finished, or was never claimed), and until when. Asked when a
+        delivery is rejected for its fence (Executor._hand_back): a run
+        whose holder's lease has run out (its worker died, perhaps before it
+        ran the target) reaches the partition's new leader again, or
+        nothing; one held alive is looked at again when its lease ends."""
         ...
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None: ...

@@ -89,6 +89,18 @@ FOUND = [
         )
         for seed in (27, 47, 55)
     ),
+    # A worker recorded a run started (its answer lost) and died before it
+    # ran the target; Kafka brought the run to another worker, which found
+    # it fenced by the partition's new leader and, the run being "running",
+    # dropped it: the claim of the one that started it had run out.
+    SimConfig(
+        80,
+        jobs=300,
+        hours=0.5,
+        fault_count=12,
+        catch_up=True,
+        faults=frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}),
+    ),
 ]
 
 

@@ -19,7 +19,7 @@ from pysched.dispatch.inprocess import InProcessConsumer, InProcessDispatcher
 from pysched.leader.recording import record_sent
 from pysched.model import Job
 from pysched.node import Backends, open_embedded
-from pysched.protocols import Claim, ClaimOutcome, Delivery, IdempotencyClaims
+from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, Delivery, IdempotencyClaims
 from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.targets import RunContext
@@ -248,6 +248,13 @@ class _MemoryClaims:
     def raise_fence(self, partition: int, fence: int) -> None:
         with self._lock:
             self._floors[partition] = max(fence, self._floors.get(partition, 0))
+
+    def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
+        with self._lock:
+            current = self._claims.get(key)
+            if current is None or current[0] != "running":
+                return None
+            return ClaimHolder(current[1], current[2] if current[2] > now_ms else None)
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
         with self._lock:

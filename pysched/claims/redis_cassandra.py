@@ -59,7 +59,7 @@ from cassandra.cluster import Session
 
 from pysched.config import ClusterConfig
 from pysched.coord.run_leases import EtcdRunLeases, Holding
-from pysched.protocols import Claim, ClaimOutcome
+from pysched.protocols import Claim, ClaimHolder, ClaimOutcome
 from pysched.records import DispatchRecord
 
 # A floor key is a hash: ``floor``, and ``unverified`` (an epoch) while no
@@ -305,6 +305,19 @@ class RedisCassandraClaims:
             self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S)
         else:
             self.redis.delete(self._claim_key(key))
+
+    def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
+        row = self.session.execute(self._read, (key,)).one()
+        if row is None or row.state != "running":
+            return None
+        if row.lease_expires_ms > now_ms:
+            return ClaimHolder(str(row.holder), int(row.lease_expires_ms))
+        # Past the lease its claim began with, its etcd key says whether a
+        # live worker still runs it (see _contend).
+        left_ms = self.run_leases.held_for_ms(key)
+        if left_ms is None:
+            raise ConnectionError(f"etcd could not say whether {key} is still held")
+        return ClaimHolder(str(row.holder), now_ms + left_ms if left_ms > 0 else None)
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         # A lightweight transaction on the claim's row: a take-over and this

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pysched.protocols import Claim, ClaimOutcome
+from pysched.protocols import Claim, ClaimHolder, ClaimOutcome
 from pysched.records import DispatchRecord
 from pysched.stores.sqlite_db import SQLiteDatabase
 
@@ -89,6 +89,12 @@ class SQLiteClaims:
                 "UPDATE claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ? AND holder = ?",
                 ("succeeded" if succeeded else "failed", result, now_ms, key, holder),
             )
+
+    def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
+        # Never asked: the embedded store hands nothing back (a run sent
+        # under an older fence, or started by a claim that ran out, is
+        # eligible again by its state).
+        return None
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         # Under the claim, in the transaction that checks it: a taker-over's

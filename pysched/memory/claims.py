@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from pysched.memory.faults import FaultHook, Guard
 from pysched.memory.rows import replace_row
-from pysched.protocols import Claim, ClaimOutcome
+from pysched.protocols import Claim, ClaimHolder, ClaimOutcome
 from pysched.records import DispatchRecord
 
 ROLE = "claims"
@@ -154,6 +154,13 @@ class MemoryClaims:
                 return  # no longer ours: whoever took over decides
             state = "succeeded" if succeeded else "failed"
             t.rows[key] = replace_row(row, state=state, result=result, updated_at_ms=now_ms)
+
+    def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
+        with self._op("unfinished_claim"):
+            row = self.tables.rows.get(key)
+            if row is None or row.state != "running":
+                return None
+            return ClaimHolder(row.holder, row.lease_expires_ms if row.lease_expires_ms > now_ms else None)
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         t = self.tables

@@ -68,6 +68,16 @@ from pysched.worker.downstreams import DownstreamGuard
 
 log = logging.getLogger("pysched.worker")
 
+# An execution's claims holder is its node's holder, this mark, and a serial.
+_SERIAL_MARK = "/"
+
+
+def worker_of(holder: str) -> str:
+    """The node (as run histories name it: ``run_started``'s worker) of an
+    execution's claims holder."""
+    return holder.rpartition(_SERIAL_MARK)[0] or holder
+
+
 _RUN = (ClaimOutcome.CLAIMED, ClaimOutcome.TAKEN_OVER)
 
 
@@ -169,7 +179,7 @@ class Executor:
         within the node, as the node's holder is to the node."""
         with self._lock:
             serial = next(self._serial)
-        return Execution(record, f"{self.holder}/{serial}")
+        return Execution(record, f"{self.holder}{_SERIAL_MARK}{serial}")
 
     def end(self, executions: Sequence[Execution]) -> None:
         """The executions are over: a claim one still holds (it ended without
@@ -376,18 +386,38 @@ class Executor:
             elif claim.outcome is ClaimOutcome.BUSY:
                 execution.busy_until_ms = claim.busy_until_ms
                 log.info("waiting on %s: it runs elsewhere under a live lease", execution.record.idempotency_key)
-        self._hand_back([(e, c) for e, c in zip(executions, claims, strict=True) if c.outcome is ClaimOutcome.FENCED])
-        return [claim.outcome for claim in claims]
+        waiting = self._hand_back(
+            [(e, c) for e, c in zip(executions, claims, strict=True) if c.outcome is ClaimOutcome.FENCED]
+        )
+        return [
+            ClaimOutcome.BUSY if e.holder in waiting else c.outcome for e, c in zip(executions, claims, strict=True)
+        ]
 
-    def _hand_back(self, rejected: Sequence[tuple[Execution, Claim]]) -> None:
+    def _hand_back(self, rejected: Sequence[tuple[Execution, Claim]]) -> set[str]:
         """Runs sent by a leader that has lost the partition, perhaps before
-        it lost it: each is still owed, to the new leader, even when an
-        earlier attempt of this execution got as far as marking it started
-        (its target never ran: a rejected attempt runs nothing)."""
+        it lost it: each is still owed, to the new leader, unless it started
+        or ended meanwhile. A start does not count when this execution asked
+        for it (a rejected attempt runs nothing), nor when the claim of the
+        execution that recorded it has run out (its worker died, perhaps
+        before it ran the target: Kafka brought the run here, and nothing
+        else will). One whose claim is held alive elsewhere is looked at
+        again when that lease ends: returns those executions' holders."""
+        waiting: set[str] = set()
         for execution, claim in rejected:
             record = execution.record
+            now_ms = self.clock.now_ms()
             started_by = self.holder if execution.start_asked else None
-            handed_back = self.store.hand_back(record, self.clock.now_ms(), started_by)
+            if started_by is None and (held := self.claims.unfinished_claim(record.idempotency_key, now_ms)):
+                if held.alive_until_ms is not None:
+                    execution.busy_until_ms = held.alive_until_ms
+                    waiting.add(execution.holder)
+                    log.info(
+                        "waiting on %s: rejected for its fence, and running elsewhere under a live lease",
+                        record.idempotency_key,
+                    )
+                    continue
+                started_by = worker_of(held.holder)
+            handed_back = self.store.hand_back(record, now_ms, started_by)
             log.warning(
                 "rejected %s run_at=%d: fence %d is below the partition's %d (a stale leader)%s",
                 record.job_id,
@@ -396,6 +426,7 @@ class Executor:
                 claim.fence_floor,
                 "; handed back to its leader" if handed_back else "",
             )
+        return waiting
 
     def _run(self, execution: Execution, first_claim: bool) -> Ended | None:
         """Run the target, unless the run was cancelled or replaced after it
