@@ -284,7 +284,10 @@ def recording_outage_world(seed: int) -> SimConfig:
 # Seed 38 lost a run behind a watermark moved by a batch sent before the run
 # was planned; seed 46 lost one stored by a recording whose answer was lost
 # (a store fault as the outage ended), which its retry did not plan again.
-RECORDING_OUTAGE_SEEDS = (1, 2, 3, 38, 46)
+# In seed 116 a worker whose delivery was fenced waited for the live holder
+# of the run's claim: itself, from an attempt whose answer was lost; its
+# consumer took nothing more for the rest of the world.
+RECORDING_OUTAGE_SEEDS = (1, 2, 3, 38, 46, 116)
 
 
 @pytest.mark.parametrize("seed", RECORDING_OUTAGE_SEEDS)

@@ -407,7 +407,12 @@ class Executor:
             record = execution.record
             now_ms = self.clock.now_ms()
             started_by = self.holder if execution.start_asked else None
-            if started_by is None and (held := self.claims.unfinished_claim(record.idempotency_key, now_ms)):
+            held = None if started_by is not None else self.claims.unfinished_claim(record.idempotency_key, now_ms)
+            if held is not None and held.holder == execution.holder:
+                # Its own claim, from an earlier attempt of this execution
+                # (whose answer was lost): it ran nothing either.
+                started_by = self.holder
+            elif held is not None:
                 if held.alive_until_ms is not None:
                     execution.busy_until_ms = held.alive_until_ms
                     waiting.add(execution.holder)
