@@ -622,6 +622,12 @@ class Executor:
                 delay = None
                 error = f"{error or 'failed'} (retry budget exhausted for {downstream})"
         retry_due_ms = None if delay is None else end.at_ms + delay
+        if retry_due_ms == record.due_ms:
+            # Never at the time it was delivered for: the stores key a run's
+            # schedule row by its due time, and the row it was delivered
+            # from may still be marked handed on by its leader's late
+            # record, which would take the retry's row for that delivery.
+            retry_due_ms += 1
         execution.recorded_error = error
         failure = FailedAttempt(
             attempt,
