@@ -59,6 +59,9 @@ class ScriptedCoordinator:
     def leaders(self) -> dict[int, Lease]:
         return {p: Lease("leader", f, 0) for p, f in self.owned.items()}
 
+    def giving_up(self, holder: str) -> dict[int, int]:
+        return {}
+
 
 class FirstReadAfterARecord:
     """The store, except that the leader's first read waits until it has

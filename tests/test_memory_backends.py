@@ -10,6 +10,7 @@ import pytest
 
 from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
+from pysched.leader.leases import LeaseKeeper
 from pysched.leader.recording import record_sent
 from pysched.memory import open_memory
 from pysched.memory.claims import MemoryClaims
@@ -219,6 +220,47 @@ def test_a_poll_that_failed_after_winning_publishes_again_and_leads() -> None:
     assert co.poll("a", clock.now_ms()) == won  # the same fences, not new ones
     # The failed poll kept what it won, as the etcd client does: published once.
     assert published.fences == list(won.items())
+
+
+def test_a_poll_that_handed_over_and_then_failed_stops_its_leader_at_once() -> None:
+    # Its answer lost, the leader would lead on its previous one (for up to
+    # answer_valid_ms) beside the partition's new leader.
+    clock = ManualClock(T0)
+    election = Election(clock)
+    faults = FaultInjector(script=[ScriptedFault(FaultPoint("coordinator", "poll", "after"), 2)])
+    a = MemoryCoordinator(election, 2, faults=faults)
+    b = MemoryCoordinator(election, 2)
+    leases = LeaseKeeper(a, "a")
+    assert leases.step(clock.now_ms())
+    first = leases.granted(clock.now_ms())
+    assert set(first) == {0, 1}
+    assert b.poll("b", clock.now_ms()) == {}  # b joins: a is to hand over 1
+    assert not leases.step(clock.now_ms())  # handed over, then failed
+    assert leases.granted(clock.now_ms()) == {0: first[0]}
+    assert set(b.poll("b", clock.now_ms())) == {1}
+
+
+def test_a_hand_over_whose_delete_failed_is_led_again_when_granted_again() -> None:
+    clock = ManualClock(T0)
+    election = Election(clock)
+    a = MemoryCoordinator(election, 2)
+    b = MemoryCoordinator(election, 2)
+    leases = LeaseKeeper(a, "a")
+    assert leases.step(clock.now_ms())
+    first = leases.granted(clock.now_ms())
+    b.poll("b", clock.now_ms())
+    delete = election.delete_leader_key
+
+    def timed_out(partition: int, holder: str) -> None:
+        raise TimeoutError("the delete timed out, not applied")
+
+    election.delete_leader_key = timed_out  # type: ignore[method-assign]
+    assert not leases.step(clock.now_ms())
+    election.delete_leader_key = delete  # type: ignore[method-assign]
+    assert leases.granted(clock.now_ms()) == {0: first[0]}
+    b.release("b")  # b leaves before taking partition 1: a leads it again
+    assert leases.step(clock.now_ms())
+    assert leases.granted(clock.now_ms()) == first
 
 
 # -- the fault hook ---------------------------------------------------------------

@@ -159,6 +159,13 @@ class EtcdCoordinator:
                     self.publish_fence(p, fence)
                 owned[p] = fence
         self._owned[holder] = owned
+        # A hand-over whose delete did not happen (the key is still this
+        # holder's, led again under the same fence) is over.
+        with self._giving_up_lock:
+            giving_up = self._giving_up.get(holder, {})
+            for p, fence in owned.items():
+                if giving_up.get(p) == fence:
+                    del giving_up[p]
         return dict(owned)
 
     async def _release(self, holder: str) -> None:

@@ -254,6 +254,12 @@ class MemoryCoordinator:
                 self._publish(p, fence)
                 owned[p] = fence
         self._owned[holder] = owned
+        # A hand-over whose delete did not happen (the key is still this
+        # holder's, led again under the same fence) is over.
+        giving_up = self._giving_up.get(holder, {})
+        for p, fence in owned.items():
+            if giving_up.get(p) == fence:
+                del giving_up[p]
         return dict(owned)
 
     def _publish(self, partition: int, fence: int) -> None:
