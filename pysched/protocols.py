@@ -153,14 +153,19 @@ def runs_behind(
     return [(job_id, p, run) for job_id, (p, run) in placed.items() if p in marks and run.due_ms <= marks[p]]
 
 
+# ``hand_back``'s ``started_by`` when no start counts, whoever recorded it:
+# the run's claim is held by no live lease (Executor._hand_back).
+ABANDONED = "(abandoned)"
+
+
 def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
     """Whether a run rejected for its fence is still owed, given its row's
     ``state`` and ``worker``: not when it started elsewhere, finished or was
-    cancelled; still when it was interrupted, or when the only start is the
-    rejected worker's own."""
+    cancelled; still when it was interrupted, when the only start is the
+    rejected worker's own, or when no live lease holds it (``ABANDONED``)."""
     if state in ("scheduled", "interrupted", "retrying", "parked"):
         return True
-    return state == "running" and started_by is not None and worker == started_by
+    return state == "running" and started_by is not None and started_by in (worker, ABANDONED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -798,6 +803,8 @@ class ClaimHolder:
     """The execution holding an unfinished run's claim."""
 
     holder: str
+    # The fence of the delivery it claimed under.
+    fence: int
     # When its lease ends unless renewed; None: it has run out.
     alive_until_ms: int | None
 

@@ -254,7 +254,7 @@ class _MemoryClaims:
             current = self._claims.get(key)
             if current is None or current[0] != "running":
                 return None
-            return ClaimHolder(current[1], current[2] if current[2] > now_ms else None)
+            return ClaimHolder(current[1], 0, current[2] if current[2] > now_ms else None)
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
         with self._lock:

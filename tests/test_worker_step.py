@@ -302,6 +302,57 @@ def test_a_stale_leaders_record_is_handed_back_and_acknowledged() -> None:
     assert [(r.run_id, r.due_ms > record.due_ms) for r in rows] == [(record.run_id, False), (record.run_id, True)]
 
 
+def _started_elsewhere(w: World, record: DispatchRecord, holder: str, lease_ms: int) -> None:
+    """Another worker claimed the run and recorded it started, then the
+    partition's leader changed: the record is stale from here."""
+    other = w.cluster.node()
+    assert other.claims.claim(record, holder, w.clock.now_ms(), lease_ms).outcome is ClaimOutcome.CLAIMED
+    other.store.run_started(record, holder.split("/")[0], w.clock.now_ms())
+    w.node.claims.raise_fence(record.partition, record.fence + 1)
+    w.node.store.raise_fence(record.partition, record.fence + 1)
+
+
+def _handed_back(w: World, record: DispatchRecord) -> bool:
+    rows = w.cluster.schedule.schedule_rows(record.partition)
+    return any(r.run_id == record.run_id and r.due_ms > record.due_ms for r in rows)
+
+
+def test_a_stale_record_of_a_run_started_by_a_worker_since_dead_is_handed_back_once_its_lease_ends() -> None:
+    # The worker died before it ran the target; its record, delivered here,
+    # is the only one left: acknowledged unhanded, the run would be lost.
+    w = World()
+    (record,) = w.dispatch("job")
+    _started_elsewhere(w, record, "node-2/1", 12_000)
+    w.advance_to(record.due_ms)
+    looks = []
+    while not w.acked():
+        looks.append(w.clock.now_ms())
+        assert w.step()
+        if (retry_at := w.worker.retry_at_ms) is not None:
+            w.advance_to(retry_at)
+    # Looked at again while its lease may yet be renewed, and handed back
+    # when it ended.
+    assert looks == [T0 + 1_000, T0 + 6_000, T0 + 11_000, T0 + 12_000]
+    assert (_runs, _handed_back(w, record)) == ([], True)
+
+
+def test_a_stale_record_of_a_run_held_alive_under_the_current_fence_is_acknowledged_at_once() -> None:
+    # Another copy: the run's holder claimed it from the new leader's send,
+    # and if it dies its own record is delivered again. Waiting here would
+    # hold this consumer for as long as the run runs.
+    w = World()
+    (record,) = w.dispatch("job")
+    w.node.claims.raise_fence(record.partition, record.fence + 1)
+    w.node.store.raise_fence(record.partition, record.fence + 1)
+    current = record._replace(fence=record.fence + 1, attempt=2)
+    other = w.cluster.node()
+    assert other.claims.claim(current, "node-2/1", T0, 30_000).outcome is ClaimOutcome.CLAIMED
+    other.store.run_started(current, "node-2", T0)
+    w.advance_to(record.due_ms)
+    assert w.step()
+    assert (w.acked(), _runs, _handed_back(w, record)) == (1, [], False)
+
+
 def test_an_undecodable_record_is_passed_over_and_acknowledged() -> None:
     w = World()
     w.leader.dispatcher.publish([0], [b"not a dispatch record"])

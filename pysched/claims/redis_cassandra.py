@@ -171,7 +171,7 @@ class RedisCassandraClaims:
             f"UPDATE {ks}.claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ?"
             " IF holder = ? AND state = 'running'"
         )
-        self._read = p(f"SELECT state, holder, lease_expires_ms, result FROM {ks}.claims WHERE idem_key = ?")
+        self._read = p(f"SELECT state, holder, fence, lease_expires_ms, result FROM {ks}.claims WHERE idem_key = ?")
         self._save_checkpoint = p(
             f"UPDATE {ks}.claims SET checkpoint = ?, updated_at_ms = ? WHERE idem_key = ?"
             " IF holder = ? AND state = 'running'"
@@ -310,14 +310,15 @@ class RedisCassandraClaims:
         row = self.session.execute(self._read, (key,)).one()
         if row is None or row.state != "running":
             return None
+        holder, fence = str(row.holder), int(row.fence or 0)
         if row.lease_expires_ms > now_ms:
-            return ClaimHolder(str(row.holder), int(row.lease_expires_ms))
+            return ClaimHolder(holder, fence, int(row.lease_expires_ms))
         # Past the lease its claim began with, its etcd key says whether a
         # live worker still runs it (see _contend).
         left_ms = self.run_leases.held_for_ms(key)
         if left_ms is None:
             raise ConnectionError(f"etcd could not say whether {key} is still held")
-        return ClaimHolder(str(row.holder), now_ms + left_ms if left_ms > 0 else None)
+        return ClaimHolder(holder, fence, now_ms + left_ms if left_ms > 0 else None)
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         # A lightweight transaction on the claim's row: a take-over and this

@@ -91,9 +91,9 @@ class SQLiteClaims:
             )
 
     def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
-        # Never asked: the embedded store hands nothing back (a run sent
+        # Nothing to ask: the embedded store hands nothing back (a run sent
         # under an older fence, or started by a claim that ran out, is
-        # eligible again by its state).
+        # eligible again by its state), so no start needs discounting.
         return None
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:

@@ -160,7 +160,7 @@ class MemoryClaims:
             row = self.tables.rows.get(key)
             if row is None or row.state != "running":
                 return None
-            return ClaimHolder(row.holder, row.lease_expires_ms if row.lease_expires_ms > now_ms else None)
+            return ClaimHolder(row.holder, row.fence, row.lease_expires_ms if row.lease_expires_ms > now_ms else None)
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         t = self.tables

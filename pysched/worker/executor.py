@@ -48,6 +48,7 @@ from pysched.downstream import downstream_of
 from pysched.model import Job
 from pysched.overlap import OWED, SlotHold, Verdict, waiting_reason, wake_reason
 from pysched.protocols import (
+    ABANDONED,
     Claim,
     ClaimOutcome,
     DeadLetterSink,
@@ -67,15 +68,6 @@ from pysched.worker.config import WorkerConfig
 from pysched.worker.downstreams import DownstreamGuard
 
 log = logging.getLogger("pysched.worker")
-
-# An execution's claims holder is its node's holder, this mark, and a serial.
-_SERIAL_MARK = "/"
-
-
-def worker_of(holder: str) -> str:
-    """The node (as run histories name it: ``run_started``'s worker) of an
-    execution's claims holder."""
-    return holder.rpartition(_SERIAL_MARK)[0] or holder
 
 
 _RUN = (ClaimOutcome.CLAIMED, ClaimOutcome.TAKEN_OVER)
@@ -179,7 +171,7 @@ class Executor:
         within the node, as the node's holder is to the node."""
         with self._lock:
             serial = next(self._serial)
-        return Execution(record, f"{self.holder}{_SERIAL_MARK}{serial}")
+        return Execution(record, f"{self.holder}/{serial}")
 
     def end(self, executions: Sequence[Execution]) -> None:
         """The executions are over: a claim one still holds (it ended without
@@ -397,32 +389,36 @@ class Executor:
         """Runs sent by a leader that has lost the partition, perhaps before
         it lost it: each is still owed, to the new leader, unless it started
         or ended meanwhile. A start does not count when this execution asked
-        for it (a rejected attempt runs nothing), nor when the claim of the
-        execution that recorded it has run out (its worker died, perhaps
-        before it ran the target: Kafka brought the run here, and nothing
-        else will). One whose claim is held alive elsewhere is looked at
-        again when that lease ends: returns those executions' holders."""
+        for it (a rejected attempt runs nothing). Nor when the run's claim
+        was taken under a fence as stale as this one (this record may be the
+        only one left: Kafka brought it here from a worker that died) and no
+        live lease holds it: that worker died, perhaps before it ran the
+        target. Under a live lease, this execution looks again when the
+        lease ends: returns those executions' holders. A run claimed under
+        the current fence is its holder's: if it dies, its own record is
+        delivered again."""
         waiting: set[str] = set()
         for execution, claim in rejected:
             record = execution.record
             now_ms = self.clock.now_ms()
             started_by = self.holder if execution.start_asked else None
-            held = None if started_by is not None else self.claims.unfinished_claim(record.idempotency_key, now_ms)
-            if held is not None and held.holder == execution.holder:
-                # Its own claim, from an earlier attempt of this execution
-                # (whose answer was lost): it ran nothing either.
-                started_by = self.holder
-            elif held is not None:
-                if held.alive_until_ms is not None:
-                    execution.busy_until_ms = held.alive_until_ms
-                    waiting.add(execution.holder)
-                    log.info(
-                        "waiting on %s: rejected for its fence, and running elsewhere under a live lease",
-                        record.idempotency_key,
-                    )
-                    continue
-                started_by = worker_of(held.holder)
+            # Most are runs no worker started (a stale leader's sends): no
+            # claim to ask about.
             handed_back = self.store.hand_back(record, now_ms, started_by)
+            if not handed_back and started_by is None:
+                held = self.claims.unfinished_claim(record.idempotency_key, now_ms)
+                if held is not None and held.fence < claim.fence_floor:
+                    if held.holder != execution.holder and held.alive_until_ms is not None:
+                        execution.busy_until_ms = held.alive_until_ms
+                        waiting.add(execution.holder)
+                        log.info(
+                            "waiting on %s: rejected for its fence, and held under a live lease from as stale a one",
+                            record.idempotency_key,
+                        )
+                        continue
+                    # Its own claim (an attempt whose answer was lost, which
+                    # ran nothing), or one whose lease ran out.
+                    handed_back = self.store.hand_back(record, now_ms, ABANDONED)
             log.warning(
                 "rejected %s run_at=%d: fence %d is below the partition's %d (a stale leader)%s",
                 record.job_id,
