@@ -68,13 +68,16 @@ class PartitionLeader:
         if owned != self.fences and self._take(owned):
             self.loader.reload_all()
         if not self.fences:
+            # Planned under fences no longer led: their next leader reads
+            # them from the store.
+            self.recorder.take_planned()
             return False
         self._take_loaded()
         horizon = now + self.config.horizon_ms
-        for planned in self.recorder.take_planned():
-            # Overdue, they go to the catch-up lane in this tick, before any
-            # mark is asked: the lane holds their partitions from here.
-            self.cache.add_planned(planned.runs, self.fences, horizon)
+        for runs in self.recorder.take_planned():
+            # Due, they are taken in this tick, before any mark is asked (or
+            # wait as overdue, which holds every mark back: _mark_quiet).
+            self.cache.add_planned(runs, self.fences, horizon)
         had_overdue = self.cache.has_overdue
         rows = self.cache.take_due(now, self.fences, had_overdue and self.publisher.retry_due(now))
         late_before = now - self.config.catch_up_after_ms
@@ -126,7 +129,7 @@ class PartitionLeader:
         """The cache's marks, but none for a partition with runs waiting in
         the catch-up lane: unsent, they must stay ahead of its watermark.
         (Runs planned after these marks are asked, and due before them, are
-        held ahead by the recorder: Recorder.step.)"""
+        held ahead by the recorder: Recorder._held_marks.)"""
         return {p: mark for p, mark in self.cache.marks(fences, now).items() if not self.lane.holds(p)}
 
     def _mark_quiet(self, now: int) -> bool:

@@ -34,9 +34,9 @@ class SentBatch:
 class Planned:
     """What recording a batch planned, for the tick to take into the cache."""
 
-    runs: list[Run]
+    runs: list[Run]  # emptied once taken: only the two below are kept
     # Per partition, the earliest due of ``runs``: how far the marks of the
-    # batches sent before the tick knew of them may go (Recorder.step).
+    # batches sent before the tick knew of them may go (_held_marks).
     first_due: dict[int, int]
     # The number of the first batch sent after the tick took these runs
     # (its marks count them); None until it takes them.
@@ -119,14 +119,16 @@ class Recorder:
             self._submitted += 1
         self._work.set()
 
-    def take_planned(self) -> list[Planned]:
+    def take_planned(self) -> list[list[Run]]:
         """What recording planned since the last call, for the tick: the
         marks of every batch it submits from here count these runs."""
         with self._lock:
-            taken = list(self.planned)
-            self.planned.clear()
-            for planned in taken:
+            taken = []
+            for planned in self.planned:
                 planned.known_from = self._submitted
+                taken.append(planned.runs)
+                planned.runs = []  # a burst's runs are not kept for their marks
+            self.planned.clear()
         return taken
 
     def _held_marks(self, queued: _Queued) -> dict[int, int]:
@@ -204,6 +206,7 @@ class Recorder:
         with self._lock:
             dropped = len(self._batches)
             self._batches.clear()
+        self.take_planned()  # under fences no longer led: a successor reads them
         return dropped
 
     def _tell(self, batch: SentBatch) -> None:
