@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -61,8 +62,17 @@ def test_a_world_of_flaky_jobs_retries_each_run_to_one_effect(seed: int) -> None
     assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
 
 
-# Worlds that once broke an invariant, each kept as it was found: the fault
-# kinds pinned, so that a kind added later does not change the world.
+# The fault kinds of the worlds kept as found: pinned, so that a kind added
+# later does not change them.
+PINNED_FAULTS = frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"})
+
+
+def catch_up_world(seed: int, **options: Any) -> SimConfig:
+    """300 jobs of the four catch-up policies for half an hour, 12 faults."""
+    return SimConfig(seed, jobs=300, hours=0.5, fault_count=12, catch_up=True, faults=PINNED_FAULTS, **options)
+
+
+# Worlds that once broke an invariant, each kept as it was found.
 FOUND = [
     # A worker's start recorded though its answer was lost, its retry fenced:
     # the hand-back took the run for started and dropped it.
@@ -71,36 +81,17 @@ FOUND = [
         jobs=300,
         hours=0.5,
         fault_count=10,
-        faults=frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}),
+        faults=PINNED_FAULTS,
     ),
     # A poll handed a partition over to a node back from a crash, then
     # failed raising the fence of a partition it won (a store fault): its
     # leader led the partition on its previous answer, beside the new one.
-    *(
-        SimConfig(
-            seed,
-            jobs=300,
-            hours=0.5,
-            fault_count=12,
-            catch_up=True,
-            faults=frozenset(
-                {"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}
-            ),
-        )
-        for seed in (27, 47, 55)
-    ),
+    *(catch_up_world(seed) for seed in (27, 47, 55)),
     # A worker recorded a run started (its answer lost) and died before it
     # ran the target; Kafka brought the run to another worker, which found
     # it fenced by the partition's new leader and, the run being "running",
     # dropped it: the claim of the one that started it had run out.
-    SimConfig(
-        80,
-        jobs=300,
-        hours=0.5,
-        fault_count=12,
-        catch_up=True,
-        faults=frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}),
-    ),
+    catch_up_world(80),
 ]
 
 
@@ -108,18 +99,7 @@ FOUND = [
 # at the very time its run was delivered for took that delivery's schedule
 # row, which its leader's late record then marked handed on: the retry was
 # never sent (seeds 242, 246, 259).
-FOUND += [
-    SimConfig(
-        seed,
-        jobs=300,
-        hours=0.5,
-        fault_count=12,
-        catch_up=True,
-        flaky=0.2,
-        faults=frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}),
-    )
-    for seed in (242, 246, 259)
-]
+FOUND += [catch_up_world(seed, flaky=0.2) for seed in (242, 246, 259)]
 
 
 @pytest.mark.parametrize("config", FOUND, ids=lambda c: f"seed-{c.seed}")
@@ -288,15 +268,7 @@ RECORDING_OUTAGE = Outage(at_s=300, for_s=150)
 
 
 def recording_outage_world(seed: int) -> SimConfig:
-    return SimConfig(
-        seed,
-        jobs=300,
-        hours=0.5,
-        fault_count=12,
-        catch_up=True,
-        recording_outage=RECORDING_OUTAGE,
-        faults=frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}),
-    )
+    return catch_up_world(seed, recording_outage=RECORDING_OUTAGE)
 
 
 # Seed 38 lost a run behind a watermark moved by a batch sent before the run
