@@ -31,15 +31,14 @@ class SentBatch:
 
 
 @dataclass
-class Planned:
-    """What recording a batch planned, for the tick to take into the cache."""
+class _Hold:
+    """What the runs one recording planned ask of the marks of the batches
+    sent before the tick knew of them (_held_marks)."""
 
-    runs: list[Run]  # emptied once taken: only the two below are kept
-    # Per partition, the earliest due of ``runs``: how far the marks of the
-    # batches sent before the tick knew of them may go (_held_marks).
+    # Per partition, the earliest due of those runs.
     first_due: dict[int, int]
-    # The number of the first batch sent after the tick took these runs
-    # (its marks count them); None until it takes them.
+    # The number of the first batch sent after the tick took the runs (its
+    # marks count them); None until it takes them.
     known_from: int | None = None
 
 
@@ -108,10 +107,10 @@ class Recorder:
         self._failures = 0
         self._retry_at = 0
         # The runs each recorded batch planned, for the tick to take.
-        self.planned: collections.deque[Planned] = collections.deque()
-        # The same, until no batch left to record was sent before the tick
-        # took them: each such batch's marks are held below them.
-        self._unknown: collections.deque[Planned] = collections.deque()
+        self._planned: collections.deque[tuple[list[Run], _Hold]] = collections.deque()
+        # Their holds, until no batch left to record was sent before the
+        # tick took them: each such batch's marks are held below them.
+        self._holds: collections.deque[_Hold] = collections.deque()
 
     def submit(self, batch: SentBatch) -> None:
         with self._lock:
@@ -123,12 +122,10 @@ class Recorder:
         """What recording planned since the last call, for the tick: the
         marks of every batch it submits from here count these runs."""
         with self._lock:
-            taken = []
-            for planned in self.planned:
-                planned.known_from = self._submitted
-                taken.append(planned.runs)
-                planned.runs = []  # a burst's runs are not kept for their marks
-            self.planned.clear()
+            for _, hold in self._planned:
+                hold.known_from = self._submitted
+            taken = [runs for runs, _ in self._planned]
+            self._planned.clear()
         return taken
 
     def _held_marks(self, queued: _Queued) -> dict[int, int]:
@@ -136,10 +133,12 @@ class Recorder:
         and not yet sent themselves, for all the tick knew then."""
         marks = dict(queued.batch.marks)
         with self._lock:
-            while self._unknown and (known := self._unknown[0].known_from) is not None and known <= queued.number:
-                self._unknown.popleft()
-            unknown = [p.first_due for p in self._unknown if p.known_from is None or p.known_from > queued.number]
-        for first in unknown:
+            # Taken in order, so known_from only grows along the queue (None
+            # at its tail): what is left after the head is dropped counts.
+            while self._holds and (known := self._holds[0].known_from) is not None and known <= queued.number:
+                self._holds.popleft()
+            holds = [hold.first_due for hold in self._holds]
+        for first in holds:
             marks = held_below(marks, first)
         return marks
 
@@ -191,12 +190,12 @@ class Recorder:
         self._failures = 0
         self._told = False
         # Planned before the batch leaves the queue: a tick that finds the
-        # recorder idle finds what it planned in ``planned`` too.
+        # recorder idle finds what it planned in what it planned too.
         with self._lock:
             if planned:
-                plan = Planned(planned, first_due((run.partition, run.due_ms) for run in planned))
-                self.planned.append(plan)
-                self._unknown.append(plan)
+                hold = _Hold(first_due((run.partition, run.due_ms) for run in planned))
+                self._planned.append((planned, hold))
+                self._holds.append(hold)
             self._batches.popleft()
         return True
 
