@@ -91,18 +91,18 @@ def run(
     for n in range(seed, seed + seeds):
         config = SimConfig(
             n,
-            jobs,
-            hours,
-            kinds,
-            nodes,
-            partitions,
-            fault_count,
-            flaky,
-            catch_up,
-            catch_up_rate,
-            blackout,
-            down,
-            recording,
+            jobs=jobs,
+            hours=hours,
+            faults=kinds,
+            nodes=nodes,
+            partitions=partitions,
+            fault_count=fault_count,
+            flaky=flaky,
+            catch_up=catch_up,
+            catch_up_rate=catch_up_rate,
+            cluster_outage=blackout,
+            downstream_outage=down,
+            recording_outage=recording,
         )
         started = time.monotonic()
         report = simulate(config)
