@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -741,6 +742,33 @@ class Coordinator(Protocol):
         they went on, answered nothing, and its leader would otherwise lead
         them on its previous answer beside their new leader."""
         ...
+
+
+class HandOvers:
+    """A coordinator's record of what each holder's polls began to hand over
+    (Coordinator.giving_up), for both coordinators: noted before the key is
+    deleted, and over once a poll grants the partition back under the same
+    fence (the delete never applied). Read by the tick's thread while a poll
+    writes it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_holder: dict[str, dict[int, int]] = {}
+
+    def begin(self, holder: str, partition: int, fence: int) -> None:
+        with self._lock:
+            self._by_holder.setdefault(holder, {})[partition] = fence
+
+    def granted(self, holder: str, owned: Mapping[int, int]) -> None:
+        with self._lock:
+            giving_up = self._by_holder.get(holder, {})
+            for partition, fence in owned.items():
+                if giving_up.get(partition) == fence:
+                    del giving_up[partition]
+
+    def of(self, holder: str) -> dict[int, int]:
+        with self._lock:
+            return dict(self._by_holder.get(holder, {}))
 
 
 @dataclass(frozen=True, slots=True)

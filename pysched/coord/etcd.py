@@ -14,7 +14,6 @@ a node dies its lease expires, its keys vanish, and the others take over.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -22,7 +21,7 @@ import aetcd
 
 from pysched.config import ClusterConfig
 from pysched.coord.etcd_connection import EtcdConnection
-from pysched.protocols import Lease
+from pysched.protocols import HandOvers, Lease
 
 log = logging.getLogger("pysched.etcd")
 
@@ -55,10 +54,7 @@ class EtcdCoordinator:
         # Per holder: one node is one holder, but nothing forbids sharing.
         self._leases: dict[str, tuple[aetcd.Lease, float]] = {}
         self._owned: dict[str, dict[int, int]] = {}
-        # Per holder, the partitions its polls began to hand over
-        # (giving_up): written on the event loop, read by the tick.
-        self._giving_up: dict[str, dict[int, int]] = {}
-        self._giving_up_lock = threading.Lock()
+        self._hand_overs = HandOvers()
 
     def _key(self, kind: str, name: object) -> bytes:
         return f"{self.prefix}/{kind}/{name}".encode()
@@ -80,8 +76,7 @@ class EtcdCoordinator:
         return self._call(self._leaders())
 
     def giving_up(self, holder: str) -> dict[int, int]:
-        with self._giving_up_lock:
-            return dict(self._giving_up.get(holder, {}))
+        return self._hand_overs.of(holder)
 
     def close(self) -> None:
         self._etcd.close()
@@ -125,8 +120,7 @@ class EtcdCoordinator:
             # Hand it over: another node should lead it now. Its leader stops
             # before the key goes, even if this poll then fails or outlives
             # its call's timeout (giving_up).
-            with self._giving_up_lock:
-                self._giving_up.setdefault(holder, {})[p] = mine[p]
+            self._hand_overs.begin(holder, p, mine[p])
             key = self._key("leaders", p)
             await self._client.transaction(
                 compare=[self._client.transactions.value(key) == holder.encode()],
@@ -159,13 +153,7 @@ class EtcdCoordinator:
                     self.publish_fence(p, fence)
                 owned[p] = fence
         self._owned[holder] = owned
-        # A hand-over whose delete did not happen (the key is still this
-        # holder's, led again under the same fence) is over.
-        with self._giving_up_lock:
-            giving_up = self._giving_up.get(holder, {})
-            for p, fence in owned.items():
-                if giving_up.get(p) == fence:
-                    del giving_up[p]
+        self._hand_overs.granted(holder, owned)
         return dict(owned)
 
     async def _release(self, holder: str) -> None:

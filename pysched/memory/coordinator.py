@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pysched.clock import Clock
 from pysched.memory.faults import FaultHook, Guard
-from pysched.protocols import Lease
+from pysched.protocols import HandOvers, Lease
 
 ROLE = "coordinator"
 log = logging.getLogger("pysched.memory.coordinator")
@@ -164,8 +164,7 @@ class MemoryCoordinator:
         # refreshed) and the partitions it won, with their fences.
         self._leases: dict[str, tuple[int, int]] = {}
         self._owned: dict[str, dict[int, int]] = {}
-        # Per holder, the partitions its polls began to hand over (giving_up).
-        self._giving_up: dict[str, dict[int, int]] = {}
+        self._hand_overs = HandOvers()
 
     def poll(self, holder: str, now_ms: int) -> dict[int, int]:
         # Time is etcd's (the injected clock), not the caller's ``now_ms``.
@@ -190,8 +189,7 @@ class MemoryCoordinator:
                 e.revoke(lease[0])
 
     def giving_up(self, holder: str) -> dict[int, int]:
-        with self.election.lock:
-            return dict(self._giving_up.get(holder, {}))
+        return self._hand_overs.of(holder)
 
     def leaders(self) -> dict[int, Lease]:
         e = self.election
@@ -237,7 +235,7 @@ class MemoryCoordinator:
         for p in sorted(set(mine) - desired):
             # Hand it over: another holder should lead it. Its leader stops
             # at once, even if this poll then fails (giving_up).
-            self._giving_up.setdefault(holder, {})[p] = mine[p]
+            self._hand_overs.begin(holder, p, mine[p])
             e.delete_leader_key(p, holder)
             owned.pop(p, None)
         for p in sorted(desired - set(owned)):
@@ -254,12 +252,7 @@ class MemoryCoordinator:
                 self._publish(p, fence)
                 owned[p] = fence
         self._owned[holder] = owned
-        # A hand-over whose delete did not happen (the key is still this
-        # holder's, led again under the same fence) is over.
-        giving_up = self._giving_up.get(holder, {})
-        for p, fence in owned.items():
-            if giving_up.get(p) == fence:
-                del giving_up[p]
+        self._hand_overs.granted(holder, owned)
         return dict(owned)
 
     def _publish(self, partition: int, fence: int) -> None:
