@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loadgen.measure import Observed, read_ledger
+from loadgen.measure import LedgerTail, Observed
 from loadgen.registration import Attempt, LoadPlan, now_ms, register_before_due
 from pysched import native
 from pysched.config import ClusterConfig
@@ -92,8 +92,9 @@ def _wait(
     progress.update(fired, completed=len(observed.dispatched))
     executed = progress.add_task("executed", total=n)
     deadline = time.monotonic() + exec_timeout_s
+    tail = LedgerTail(ledger)
     while time.monotonic() < deadline:
-        done = len(set(read_ledger(ledger)[0]) & observed.expected.keys())
+        done = len(tail.read().keys() & observed.expected.keys())
         progress.update(executed, completed=done)
         if done >= len(observed.dispatched):
             break
