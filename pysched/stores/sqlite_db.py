@@ -19,12 +19,12 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Literal
 
 from pysched.protocols import DEFAULT_PARTITIONS, PartitionsMismatch
+from pysched.stores.group_commit import GroupCommit
 
 # "psch": what `file` and `sqlite3` show for a pysched database.
 APPLICATION_ID = 0x70736368
@@ -164,6 +164,8 @@ class SQLiteDatabase:
         self.path = os.fspath(path)
         self.partitions = DEFAULT_PARTITIONS
         self._local = threading.local()
+        # The process's writes: one connection, their commits grouped.
+        self._writes = GroupCommit(self._open_connection)
         if not self.path:
             raise DatabaseUnusable(self.path, "an empty path names no file; give the database's file")
         if self.path == ":memory:":
@@ -230,36 +232,42 @@ class SQLiteDatabase:
         return stored
 
     def connection(self) -> sqlite3.Connection:
+        """This thread's connection for reads; inside a transaction, the
+        transaction's, so a read there sees what it wrote."""
+        writing = self._writes.connection_in_use()
+        if writing is not None:
+            return writing
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            try:
-                conn = sqlite3.connect(self._uri, uri=True, isolation_level=None, timeout=30.0, check_same_thread=False)
-                # FULL: a commit is on disk before it is acknowledged.
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.execute("PRAGMA foreign_keys=ON")
-            except sqlite3.Error as exc:
-                raise _unusable(self.path, exc) from None
+            conn = self._open_connection()
             self._local.conn = conn
         return conn
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE ... COMMIT: writers queue on the lock up front, so
-        a read-then-write decision is never made on stale data."""
-        conn = self.connection()
-        conn.execute("BEGIN IMMEDIATE")
+    def _open_connection(self) -> sqlite3.Connection:
         try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+            conn = sqlite3.connect(self._uri, uri=True, isolation_level=None, timeout=30.0, check_same_thread=False)
+            # FULL: a commit is on disk before it is acknowledged.
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            raise _unusable(self.path, exc) from None
+        return conn
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT: writers queue on the lock up front, so
+        a read-then-write decision is never made on stale data. The
+        process's transactions that come together share one commit
+        (group_commit.py); each returns once its commit is on disk."""
+        return self._writes.transaction()
 
     def close(self) -> None:
+        """Close this thread's connection, and the writers' once their
+        last group is committed (a later write opens it again)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
+        self._writes.close()
 
 
 def _add_attempt_columns(conn: sqlite3.Connection) -> None:
@@ -302,6 +310,9 @@ def _create(path: str, partitions: int | None) -> bool:
             raise DatabaseUnusable(path, exc.reason) from None
         try:
             # Everything into the file itself: the draft's -wal is not linked.
+            # From a connection of its own: one that prepared the file may
+            # still hold a statement's snapshot, which the checkpoint waits on.
+            built.close()
             built.connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             built.close()
