@@ -10,8 +10,9 @@ import enum
 import json
 import threading
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from pysched.model import Job, Overlap
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
@@ -451,6 +452,14 @@ class ScheduleStore(Protocol):
 
     def get_job(self, job_id: str) -> JobRecord: ...
 
+    def writes_together(self) -> AbstractContextManager[None]:
+        """The writes this thread makes inside, to this store and to claims
+        kept in the same database, are durable together when it ends (or
+        none are, if it raises): fewer commits, one for a run's claim and
+        history. A store that cannot group them makes each durable as it
+        goes, and the caller relies on nothing more than that."""
+        ...
+
     def list_jobs(self) -> list[JobRecord]: ...
 
     def cancel_job(self, job_id: str, now_ms: int) -> JobRecord:
@@ -788,6 +797,21 @@ class DispatchConsumer(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BatchConsumer(DispatchConsumer, Protocol):
+    """A consumer that can give a worker several deliveries at once, each
+    acknowledged on its own in any order (the embedded queue, which
+    redelivers nothing). Kafka's cannot: acknowledging a record commits
+    past the ones before it, so its workers take one at a time."""
+
+    def next_batch(self, most: int, timeout_s: float) -> list[Delivery]:
+        """The next delivery, waiting at most ``timeout_s`` for it, and with
+        it up to ``most - 1`` more that are there already: no more than a
+        fair share of what is queued, so a burst is spread over the node's
+        workers. Empty if none came."""
+        ...
 
 
 class Dispatcher(Protocol):

@@ -21,15 +21,24 @@ from pysched.protocols import Delivery
 class InProcessConsumer:
     def __init__(self, dispatcher: InProcessDispatcher) -> None:
         self._dispatcher = dispatcher
+        self._closed = False
 
     def next(self, timeout_s: float) -> Delivery | None:
         return self._dispatcher.take(timeout_s)
+
+    def next_batch(self, most: int, timeout_s: float) -> list[Delivery]:
+        first = self.next(timeout_s)
+        if first is None:
+            return []
+        return [first, *self._dispatcher.take_share(most - 1)]
 
     def ack(self, delivery: Delivery) -> None:
         pass  # nothing to redeliver from: the store re-dispatches lost runs
 
     def close(self) -> None:
-        pass
+        if not self._closed:
+            self._closed = True
+            self._dispatcher.consumer_closed()
 
 
 class InProcessDispatcher:
@@ -42,6 +51,9 @@ class InProcessDispatcher:
         self._cursor = 0
         self._ready = threading.Condition()
         self._closed = False
+        # How many consumers share the queue (never fewer than one): a
+        # consumer taking several at once takes no more than its share.
+        self._consumers = 0
 
     def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
         if self._closed:
@@ -67,8 +79,31 @@ class InProcessDispatcher:
                 self._cursor = 0
         return Delivery(payload, at)
 
+    def take_share(self, most: int) -> list[Delivery]:
+        """Up to ``most`` of the deliveries queued, without waiting, and no
+        more than a consumer's share of them."""
+        with self._ready:
+            queued = sum(len(p) for p, _ in self._batches) - self._cursor
+            share = min(most, -(-queued // max(1, self._consumers)))
+            taken: list[Delivery] = []
+            while len(taken) < share and self._batches:
+                payloads, at = self._batches[0]
+                end = min(len(payloads), self._cursor + share - len(taken))
+                taken.extend(Delivery(payload, at) for payload in payloads[self._cursor : end])
+                self._cursor = end
+                if self._cursor == len(payloads):
+                    self._batches.popleft()
+                    self._cursor = 0
+        return taken
+
     def consumer(self) -> InProcessConsumer:
+        with self._ready:
+            self._consumers += 1
         return InProcessConsumer(self)
+
+    def consumer_closed(self) -> None:
+        with self._ready:
+            self._consumers -= 1
 
     def close(self) -> None:
         self._closed = True

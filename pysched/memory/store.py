@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
 from pysched import overlap
@@ -424,6 +425,10 @@ class MemoryScheduleStore:
             return self._record(self.tables.jobs[job_id])
 
     # -- reading --------------------------------------------------------------
+
+    def writes_together(self) -> AbstractContextManager[None]:
+        # Each write applies at once, as a server's would.
+        return nullcontext()
 
     def get_job(self, job_id: str) -> JobRecord:
         with self._op("get_job"):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import replace
 from typing import Any
 
@@ -711,6 +711,11 @@ class CassandraScheduleStore:
         return self.get_job(job_id)
 
     # -- reading --------------------------------------------------------------
+
+    def writes_together(self) -> AbstractContextManager[None]:
+        # Cassandra has no transaction across tables: each write is durable
+        # on its own, in the order made.
+        return nullcontext()
 
     def get_job(self, job_id: str) -> JobRecord:
         return self._record(self._row(job_id))

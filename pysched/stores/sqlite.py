@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -205,6 +206,11 @@ class SQLiteScheduleStore:
         return int(row[1])
 
     # -- reading --------------------------------------------------------------
+
+    @contextmanager
+    def writes_together(self) -> Iterator[None]:
+        with self.db.transaction():
+            yield
 
     def get_job(self, job_id: str) -> JobRecord:
         row = (

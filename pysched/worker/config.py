@@ -14,6 +14,14 @@ _BUSY_RECHECK_MIN_MS = 250
 @dataclass(frozen=True)
 class WorkerConfig:
     concurrency: int = 4
+    # The most deliveries a worker takes at once from a queue that can give
+    # several (the embedded one; Kafka's give one at a time), and never more
+    # than its share of what is queued: in a burst their claims are one
+    # write and their ends another, where a run alone costs three. Their
+    # targets run one after another on the worker's thread, so a long one
+    # holds up the rest of its batch; when the queue is short, as between
+    # bursts, a batch is of one.
+    batch: int = 16
     lease_ms: int = 30_000
     heartbeat_ms: int = 10_000
     # How long a consumer thread with nothing to do waits in the consumer

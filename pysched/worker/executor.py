@@ -156,6 +156,9 @@ class Executor:
         # Set when the interruption begins: no target starts from then on,
         # and the shell commands started under it are stopped.
         self.interrupting = threading.Event()
+        # Set when the node begins to stop (the pool's stop): a batch of
+        # deliveries starts no more of its runs.
+        self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._serial = itertools.count(1)
         # Execution holder -> the execution, while it holds a claim it runs.
@@ -298,23 +301,29 @@ class Executor:
         fresh = [i for i, e in enumerate(executions) if e.ended is None and not e.interrupted]
         for i, outcome in zip(fresh, self._claim([executions[i] for i in fresh]), strict=True):
             outcomes[i] = outcome
-        for i in fresh:
-            if outcomes[i] not in _RUN:
-                continue
+        to_run = [i for i in fresh if outcomes[i] in _RUN]
+        for i in to_run:
             execution = executions[i]
+            if i != to_run[0] and self.stopping.is_set():
+                # The node is stopping: the rest of a batch starts nothing,
+                # and each run is let go of, to be handed on again.
+                with self._lock:
+                    execution.interrupted = True
+                self._interrupted_before_start(execution, by_interrupt=False)
+                continue
             ended = self._run(execution, first_claim=outcomes[i] is ClaimOutcome.CLAIMED)
             with self._lock:
                 if execution.interrupted:
                     # Recorded interrupted, and perhaps already delivered
                     # again (or taken over: its lease was lost): this
                     # outcome came too late to count.
-                    return outcomes
+                    continue
                 if ended is not None and ended.state in ("succeeded", "failed") and execution.stop_reason:
                     # Stopped because its job was cancelled: whatever the
                     # target made of it, the run was cancelled.
                     ended = Ended("cancelled", f"cancelled: {execution.stop_reason}", ended.result, ended.at_ms)
                 execution.ended = ended
-        self._record([e for e in executions if e.ended is not None])
+        self._record([e for e in executions if e.ended is not None and not e.interrupted])
         return outcomes
 
     def interrupt(self) -> list[Execution]:
@@ -358,7 +367,10 @@ class Executor:
             return []
         now_ms = self.clock.now_ms()
         lease_ms = self.config.lease_ms
-        claims = [self.claims.claim(e.record, e.holder, now_ms, lease_ms) for e in executions]
+        # One commit for a batch's claims, where the store shares the claims'
+        # database; none of them is acted on before it.
+        with self.store.writes_together():
+            claims = [self.claims.claim(e.record, e.holder, now_ms, lease_ms) for e in executions]
         with self._lock:
             for execution, claim in zip(executions, claims, strict=True):
                 self.counts[claim.outcome.value] += 1
@@ -593,6 +605,22 @@ class Executor:
                 continue
             execution.slot = None
 
+    def _record_history(self, execution: Execution, end: Ended, retry_at: dict[str, int | None]) -> None:
+        """Write how the run ended into its history; a failure's retry time
+        (None: a dead letter) into ``retry_at``, by holder."""
+        record = execution.record
+        if end.state == "failed":
+            retry_at[execution.holder] = self._record_failure(execution, end)
+        elif end.state == "missed":
+            missed = MissedRuns(record.job_id, record.run_at_ms, record.run_at_ms + 1, end.kind or "skipped")
+            self.store.run_missed(record, missed, end.error or "missed", end.at_ms)
+        elif end.state == "parked" and end.parked_until_ms is not None:
+            self.store.run_parked(record, end.parked_until_ms, end.error or "parked", end.at_ms)
+            if end.listed:
+                self._wake_if_let_go(record, end.parked_until_ms)
+        elif end.state is not None:
+            self.store.run_finished(record, end.state, end.error, end.result, end.at_ms)
+
     def _record_failure(self, execution: Execution, end: Ended) -> int | None:
         """Record a failed attempt, and when the run is tried again (None:
         not, it is a dead letter now), by the job's retry policy."""
@@ -636,8 +664,6 @@ class Executor:
             end.result,
         )
         self.store.run_failed(record, failure, retry_due_ms)
-        if retry_due_ms is None and self.dead_letters is not None:
-            self._announce_dead_letter(record)
         return retry_due_ms
 
     def _announce_dead_letter(self, record: DispatchRecord) -> None:
@@ -674,28 +700,25 @@ class Executor:
         runs the run again. A node dying between the two leaves a claim that
         says succeeded, and the redelivery copies its result to the history
         (_claim); the other order left a history saying succeeded and a
-        running claim whose lease ran out, and the run was run again."""
+        running claim whose lease ran out, and the run was run again. Where
+        the store can, both are one commit (``writes_together``)."""
         ended = [(e, e.ended) for e in executions if e.ended is not None]
-        for execution, end in ended:
-            # A missed run's claim is not a success: its redelivery would
-            # record it succeeded. Taken over, it finds the run missed. A
-            # parked run let go of its claim, for its next delivery.
-            succeeded = end.state not in ("failed", "missed", "parked")
-            self.claims.complete(execution.record.idempotency_key, execution.holder, succeeded, end.result, end.at_ms)
         retry_at: dict[str, int | None] = {}
-        for execution, end in ended:
-            record = execution.record
-            if end.state == "failed":
-                retry_at[execution.holder] = self._record_failure(execution, end)
-            elif end.state == "missed":
-                missed = MissedRuns(record.job_id, record.run_at_ms, record.run_at_ms + 1, end.kind or "skipped")
-                self.store.run_missed(record, missed, end.error or "missed", end.at_ms)
-            elif end.state == "parked" and end.parked_until_ms is not None:
-                self.store.run_parked(execution.record, end.parked_until_ms, end.error or "parked", end.at_ms)
-                if end.listed:
-                    self._wake_if_let_go(record, end.parked_until_ms)
-            elif end.state is not None:
-                self.store.run_finished(execution.record, end.state, end.error, end.result, end.at_ms)
+        with self.store.writes_together():
+            for execution, end in ended:
+                # A missed run's claim is not a success: its redelivery would
+                # record it succeeded. Taken over, it finds the run missed. A
+                # parked run let go of its claim, for its next delivery.
+                succeeded = end.state not in ("failed", "missed", "parked")
+                key = execution.record.idempotency_key
+                self.claims.complete(key, execution.holder, succeeded, end.result, end.at_ms)
+            for execution, end in ended:
+                self._record_history(execution, end, retry_at)
+        if self.dead_letters is not None:
+            # Once the store has them.
+            for execution, end in ended:
+                if end.state == "failed" and retry_at.get(execution.holder) is None:
+                    self._announce_dead_letter(execution.record)
         self._release_slots([e for e, _ in ended], self.clock.now_ms())
         for execution, end in ended:
             if end.state == "parked" and end.kind == "overlap":

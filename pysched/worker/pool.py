@@ -69,6 +69,7 @@ class WorkerPool:
         self._interrupt_lock = threading.Lock()
 
     def start(self, stop: threading.Event) -> None:
+        self.executor.stopping = stop
         for i in range(self.config.concurrency):
             self._start_thread(f"pysched-worker-{i}", stop)
         self._start_thread("pysched-heartbeat", stop)
@@ -174,7 +175,7 @@ class WorkerPool:
         the consumer for a delivery when it holds none, and on the stop for
         a backoff, or, once stopped, until the interruption: a run that has
         ended is worth recording for as long as the grace period lasts."""
-        worker = DeliveryWorker(consumer, self.executor, self._new_rng())
+        worker = DeliveryWorker(consumer, self.executor, self._new_rng(), self.config.batch)
         try:
             while True:
                 if stop.is_set():

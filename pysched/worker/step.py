@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 
 from pysched import native
-from pysched.protocols import ClaimOutcome, Delivery, DispatchConsumer
+from pysched.protocols import BatchConsumer, ClaimOutcome, Delivery, DispatchConsumer
 from pysched.records import RecordError
 from pysched.worker.executor import Execution, Executor
 
@@ -36,103 +36,124 @@ class _Held:
 
 
 class DeliveryWorker:
-    def __init__(self, consumer: DispatchConsumer, executor: Executor, rng: random.Random) -> None:
+    """``batch``: the most deliveries it takes at once, from a consumer that
+    can give several (protocols.BatchConsumer, the embedded queue); others
+    give one at a time. A batch's claims are taken in one write and its
+    runs' ends recorded in another; its targets run one after another."""
+
+    def __init__(self, consumer: DispatchConsumer, executor: Executor, rng: random.Random, batch: int = 1) -> None:
         self.consumer = consumer
         self.executor = executor
         self._rng = rng
-        self._held: _Held | None = None
+        self._batch = batch if isinstance(consumer, BatchConsumer) else 1
+        self._held: list[_Held] = []
         self._stopped = False
 
     @property
     def retry_at_ms(self) -> int | None:
-        """When the delivery held is to be tried again; None when none is."""
-        return None if self._held is None else self._held.retry_at_ms
+        """When a delivery held is to be tried again; None when none is."""
+        return min((h.retry_at_ms for h in self._held), default=None)
 
     @property
     def finished(self) -> bool:
         """No step will do anything again: stopped and holding nothing, or
         abandoned (the node's runs were interrupted)."""
-        return self.executor.abandoned.is_set() or (self._stopped and self._held is None)
+        return self.executor.abandoned.is_set() or (self._stopped and not self._held)
 
     def stop(self) -> None:
-        """Take no new delivery, and let go, unacknowledged, of one whose run
-        has not ended. One whose run has ended is still recorded, by the
+        """Take no new delivery, and let go, unacknowledged, of the ones whose
+        run has not ended. One whose run has ended is still recorded, by the
         steps that follow, until the executor is abandoned."""
         self._stopped = True
-        if self._held is not None and self._held.execution.ended is None:
-            self._let_go()
+        self._let_go([h for h in self._held if h.execution.ended is None])
 
     def step(self, now_ms: int, wait_s: float = 0.0) -> bool:
         """Make progress; whether anything was done.
 
-        Tries the delivery held again once ``now_ms`` reaches its
+        Tries the deliveries held again once ``now_ms`` reaches their
         ``retry_at_ms``, and does nothing before. With none held, takes the
-        next delivery, waiting at most ``wait_s`` for one (0: not at all),
-        and attempts it. A store or claims failure is caught, logged and
-        retried by a later step; what the consumer's ``next`` raises is
+        next delivery (or batch), waiting at most ``wait_s`` for one (0: not
+        at all), and attempts it. A store or claims failure is caught,
+        logged and retried by a later step; what the consumer raises is
         raised, and the consumer is then to be closed and replaced.
         """
         if self.executor.abandoned.is_set():
-            if self._held is not None:
-                self._let_go()
+            self._let_go(self._held)
             return False
-        held = self._held
-        if held is not None:
-            if now_ms < held.retry_at_ms:
+        if self._held:
+            due = [h for h in self._held if now_ms >= h.retry_at_ms]
+            if not due:
                 return False
-            self._attempt(held)
+            self._attempt(due)
             return True
         if self._stopped:
             return False
-        delivery = self.consumer.next(wait_s)
-        if delivery is None:
+        if self._batch > 1:
+            assert isinstance(self.consumer, BatchConsumer)
+            deliveries = self.consumer.next_batch(self._batch, wait_s)
+        else:
+            delivery = self.consumer.next(wait_s)
+            deliveries = [] if delivery is None else [delivery]
+        if not deliveries:
             return False
-        try:
-            record = native.decode(delivery.payload)
-        except RecordError:
-            # It will never decode, however often it is tried: passed over,
-            # loudly, so it does not hold up the records behind it.
-            log.exception("dropped an undecodable dispatch record of %d bytes", len(delivery.payload))
-            self.executor.count("errors")
-            self._ack(delivery)
-            return True
-        self._held = _Held(delivery, self.executor.new_execution(record))
-        self._attempt(self._held)
+        for delivery in deliveries:
+            try:
+                record = native.decode(delivery.payload)
+            except RecordError:
+                # It will never decode, however often it is tried: passed
+                # over, loudly, so it does not hold up the records behind it.
+                log.exception("dropped an undecodable dispatch record of %d bytes", len(delivery.payload))
+                self.executor.count("errors")
+                self._ack(delivery)
+                continue
+            self._held.append(_Held(delivery, self.executor.new_execution(record)))
+        if self._held:
+            self._attempt(list(self._held))
         return True
 
-    def _attempt(self, held: _Held) -> None:
+    def _attempt(self, batch: list[_Held]) -> None:
         executor = self.executor
         try:
-            (outcome,) = executor.attempt([held.execution])
+            outcomes = executor.attempt([h.execution for h in batch])
         except Exception:
-            log.exception("handling %s failed, will try again", held.execution.record.idempotency_key)
+            keys = ", ".join(h.execution.record.idempotency_key for h in batch[:3])
+            more = f" and {len(batch) - 3} more" if len(batch) > 3 else ""
+            log.exception("handling %s%s failed, will try again", keys, more)
             executor.count("errors")
-            held.failures += 1
-            held.retry_at_ms = executor.clock.now_ms() + self._backoff_ms(held.failures)
+            # They failed together and are tried again together.
+            failures = max(h.failures for h in batch) + 1
+            retry_at_ms = executor.clock.now_ms() + self._backoff_ms(failures)
+            for held in batch:
+                held.failures = failures
+                held.retry_at_ms = retry_at_ms
             return
-        if executor.abandoned.is_set() or held.execution.interrupted:
-            # Not acknowledged: Kafka delivers the run again (the embedded
-            # engine's next leader hands it on again), as a new attempt.
-            self._let_go()
-        elif outcome is ClaimOutcome.BUSY:
-            # Wait for it to finish or for its lease to die, then look again.
-            now_ms = executor.clock.now_ms()
-            held.retry_at_ms = now_ms + executor.config.busy_recheck_ms(held.execution.busy_until_ms, now_ms)
-        else:
-            self._held = None
-            executor.end([held.execution])
-            self._ack(held.delivery)
+        if executor.abandoned.is_set():
+            self._let_go(self._held)
+            return
+        for held, outcome in zip(batch, outcomes, strict=True):
+            if held.execution.interrupted:
+                # Not acknowledged: Kafka delivers the run again (the embedded
+                # engine's next leader hands it on again), as a new attempt.
+                self._let_go([held])
+            elif outcome is ClaimOutcome.BUSY:
+                # Wait for it to finish or for its lease to die, then look again.
+                now_ms = executor.clock.now_ms()
+                held.retry_at_ms = now_ms + executor.config.busy_recheck_ms(held.execution.busy_until_ms, now_ms)
+            else:
+                self._held.remove(held)
+                executor.end([held.execution])
+                self._ack(held.delivery)
 
     def _backoff_ms(self, failures: int) -> int:
         """Full jitter: retries of a failing store spread out rather than
         arrive together."""
         return self._rng.randint(0, self.executor.config.retry_cap_ms(failures))
 
-    def _let_go(self) -> None:
-        """Drop the delivery held, unacknowledged: it is delivered again."""
-        if self._held is not None:
-            self.executor.end([self._held.execution])
-            self._held = None
+    def _let_go(self, held: list[_Held]) -> None:
+        """Drop deliveries held, unacknowledged: they are delivered again."""
+        dropped = list(held)
+        self.executor.end([h.execution for h in dropped])
+        self._held = [h for h in self._held if h not in dropped]
 
     def _ack(self, delivery: Delivery) -> None:
         try:

@@ -1,0 +1,193 @@
+"""A worker on the embedded queue takes several deliveries at once, never
+more than its share of what is queued; a batch's claims are one commit and
+its ends another; a batch whose recording fails is recorded again without
+running anything twice; and a node that begins to stop starts nothing more
+of a batch, whose runs are then handed on again and run once."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pysched import native
+from pysched.clock import SystemClock
+from pysched.dispatch.inprocess import InProcessDispatcher
+from pysched.leader.recording import record_sent
+from pysched.model import Job
+from pysched.node import Backends, open_embedded
+from pysched.registry import register
+from pysched.targets import RunContext
+from pysched.worker import DeliveryWorker, Executor, WorkerConfig
+
+CONFIG = WorkerConfig(concurrency=1, batch=4, retry_base_s=0.01, retry_max_s=0.05)
+
+_runs: list[str] = []
+_while_running: list[Callable[[], None]] = []
+
+
+def count_run(ctx: RunContext) -> None:
+    _runs.append(ctx.idempotency_key)
+    while _while_running:
+        _while_running.pop(0)()
+
+
+@pytest.fixture(autouse=True)
+def _no_runs_yet() -> Iterator[None]:
+    _runs.clear()
+    _while_running.clear()
+    yield
+    _runs.clear()
+    _while_running.clear()
+
+
+@pytest.fixture
+def backends(tmp_path: Path) -> Iterator[Backends]:
+    opened = open_embedded(tmp_path / "pysched.db")
+    yield opened
+    opened.close()
+
+
+def _job(job_id: str) -> Job:
+    at = SystemClock().now_ms() + 1_000
+    return Job.model_validate(
+        {
+            "id": job_id,
+            "schedule": {"kind": "once", "run_at_ms": at},
+            "target": {"kind": "python", "ref": f"{__name__}:count_run"},
+        }
+    )
+
+
+def _queue(backends: Backends, dispatcher: InProcessDispatcher, n: int) -> list[str]:
+    """Register n one-shots, hand their runs on as a leader does, and queue
+    them; their idempotency keys, in queue order."""
+    now = SystemClock().now_ms()
+    ids = [f"job-{k:02d}" for k in range(n)]
+    for job_id in ids:
+        register(backends.store, _job(job_id), now)
+    fences = backends.coordinator.poll("leader", now)
+    rows = backends.store.due_runs(fences, now + 60_000, now)
+    record_sent(backends.store, rows, fences, {}, now)
+    rows.sort(key=lambda row: row.job_id)
+    payloads = [native.encode_batch([row], fences[row.partition], now)[0] for row in rows]
+    dispatcher.publish([row.partition for row in rows], payloads)
+    return [native.decode(p).idempotency_key for p in payloads]
+
+
+def _worker(backends: Backends, dispatcher: InProcessDispatcher, executor: Executor | None = None) -> DeliveryWorker:
+    executor = executor or Executor(backends.claims, backends.store, SystemClock(), "node-1", CONFIG)
+    return DeliveryWorker(dispatcher.consumer(), executor, random.Random(3), CONFIG.batch)
+
+
+def _traced(backends: Backends) -> list[str]:
+    """The statements of the database's writers from now on, as a list
+    that grows."""
+    seen: list[str] = []
+    writes = backends.store.db._writes  # type: ignore[attr-defined]
+    with writes.transaction() as conn:
+        conn.set_trace_callback(seen.append)
+    seen.clear()
+    return seen
+
+
+def _commits(statements: list[str]) -> list[list[str]]:
+    """The writes of each commit, in order."""
+    commits: list[list[str]] = []
+    for sql in statements:
+        if sql == "BEGIN IMMEDIATE":
+            commits.append([])
+        elif sql.startswith(("INSERT", "UPDATE", "DELETE")):
+            commits[-1].append(sql)
+    return commits
+
+
+def test_a_worker_takes_a_batch_and_its_claims_and_ends_are_a_commit_each(backends: Backends) -> None:
+    dispatcher = InProcessDispatcher()
+    keys = _queue(backends, dispatcher, 6)
+    worker = _worker(backends, dispatcher)
+    traced = _traced(backends)
+    assert worker.step(SystemClock().now_ms())
+    assert _runs == keys[:4]
+    commits = _commits(traced)
+    # The batch's claims, each run's start (and the downstream's attempt
+    # counts, when they are written), then the batch's ends.
+    assert [sql.split(" (")[0] for sql in commits[0]] == ["INSERT INTO claims"] * 4
+    ends = commits[-1]
+    assert len(ends) == 8
+    assert all(sql.startswith("UPDATE claims SET state = 'succeeded'") for sql in ends[:4])
+    assert all(sql.startswith("UPDATE runs SET state = 'succeeded'") for sql in ends[4:])
+    assert dispatcher.qsize() == 2
+    assert [r.state for k in range(4) for r in backends.store.history(f"job-{k:02d}")] == ["succeeded"] * 4
+    assert worker.step(SystemClock().now_ms())
+    assert _runs == keys
+
+
+def test_a_worker_takes_no_more_than_its_share_of_the_queue(backends: Backends) -> None:
+    dispatcher = InProcessDispatcher()
+    _queue(backends, dispatcher, 5)
+    first = _worker(backends, dispatcher)
+    _worker(backends, dispatcher)  # a second consumer shares the queue
+    assert first.step(SystemClock().now_ms())
+    # One, and half of the four left.
+    assert len(_runs) == 3
+    assert dispatcher.qsize() == 2
+
+
+def test_a_batch_whose_ends_failed_to_record_is_recorded_again_and_nothing_runs_twice(backends: Backends) -> None:
+    dispatcher = InProcessDispatcher()
+    keys = _queue(backends, dispatcher, 3)
+    worker = _worker(backends, dispatcher)
+    store = backends.store
+    real = store.run_finished
+    calls = {"n": 0}
+
+    def fails_on_the_second(*args: object, **kwargs: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise TimeoutError("the store timed out")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.run_finished = fails_on_the_second  # type: ignore[method-assign]
+    assert worker.step(SystemClock().now_ms())
+    # The batch's ends are one commit: none of them is written.
+    assert [r.state for k in range(3) for r in store.history(f"job-{k:02d}")] == ["running"] * 3
+    retry_at = worker.retry_at_ms
+    assert retry_at is not None
+    # Tried again together, after one backoff.
+    assert worker.step(retry_at)
+    assert worker.retry_at_ms is None
+    assert _runs == keys
+    assert [r.state for k in range(3) for r in store.history(f"job-{k:02d}")] == ["succeeded"] * 3
+    assert worker.retry_at_ms is None
+
+
+def test_a_stopping_node_starts_no_more_of_a_batch_and_its_runs_are_handed_on_again(backends: Backends) -> None:
+    dispatcher = InProcessDispatcher()
+    keys = _queue(backends, dispatcher, 4)
+    executor = Executor(backends.claims, backends.store, SystemClock(), "node-1", CONFIG)
+    stopping = threading.Event()
+    executor.stopping = stopping
+    worker = _worker(backends, dispatcher, executor)
+    _while_running.append(stopping.set)
+    assert worker.step(SystemClock().now_ms())
+    assert _runs == keys[:1]
+    assert worker.retry_at_ms is None  # nothing held: the three were let go of
+    for k in range(1, 4):
+        (run,) = backends.store.history(f"job-{k:02d}")
+        assert run.state == "dispatched"
+    # The next node's leader, once the stopped one's lease has run out,
+    # hands them on again.
+    now = SystemClock().now_ms() + 600_000
+    fences = backends.coordinator.poll("node-2", now)
+    again = [r for r in backends.store.due_runs(fences, now + 60_000, now) if r.job_id != "job-00"]
+    assert sorted(r.job_id for r in again) == ["job-01", "job-02", "job-03"]
+    payloads = [native.encode_batch([row], fences[row.partition], now)[0] for row in again]
+    dispatcher.publish([row.partition for row in again], payloads)
+    restarted = _worker(backends, dispatcher)
+    while dispatcher.qsize():
+        restarted.step(SystemClock().now_ms())
+    assert sorted(_runs) == sorted(keys)
