@@ -1,6 +1,6 @@
 """A worker on the embedded queue takes several deliveries at once, never
-more than its share of what is queued; a batch's claims are one commit and
-its ends another; a batch whose recording fails is recorded again without
+more than its share of what is queued; a batch's claims are one commit, its
+starts another and its ends a third; a batch whose recording fails is recorded again without
 running anything twice; and a node that begins to stop starts nothing more
 of a batch, whose runs are then handed on again and run once."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pysched import native
+from pysched.breakers import BreakerPolicy
 from pysched.clock import SystemClock
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader.recording import record_sent
@@ -35,6 +36,11 @@ def count_run(ctx: RunContext) -> None:
         _while_running.pop(0)()
 
 
+def count_and_fail(ctx: RunContext) -> None:
+    count_run(ctx)
+    raise RuntimeError("the downstream is down")
+
+
 @pytest.fixture(autouse=True)
 def _no_runs_yet() -> Iterator[None]:
     _runs.clear()
@@ -51,24 +57,24 @@ def backends(tmp_path: Path) -> Iterator[Backends]:
     opened.close()
 
 
-def _job(job_id: str) -> Job:
+def _job(job_id: str, target: str = "count_run") -> Job:
     at = SystemClock().now_ms() + 1_000
     return Job.model_validate(
         {
             "id": job_id,
             "schedule": {"kind": "once", "run_at_ms": at},
-            "target": {"kind": "python", "ref": f"{__name__}:count_run"},
+            "target": {"kind": "python", "ref": f"{__name__}:{target}"},
         }
     )
 
 
-def _queue(backends: Backends, dispatcher: InProcessDispatcher, n: int) -> list[str]:
+def _queue(backends: Backends, dispatcher: InProcessDispatcher, n: int, target: str = "count_run") -> list[str]:
     """Register n one-shots, hand their runs on as a leader does, and queue
     them; their idempotency keys, in queue order."""
     now = SystemClock().now_ms()
     ids = [f"job-{k:02d}" for k in range(n)]
     for job_id in ids:
-        register(backends.store, _job(job_id), now)
+        register(backends.store, _job(job_id, target), now)
     fences = backends.coordinator.poll("leader", now)
     rows = backends.store.due_runs(fences, now + 60_000, now)
     record_sent(backends.store, rows, fences, {}, now)
@@ -113,9 +119,10 @@ def test_a_worker_takes_a_batch_and_its_claims_and_ends_are_a_commit_each(backen
     assert worker.step(SystemClock().now_ms())
     assert _runs == keys[:4]
     commits = _commits(traced)
-    # The batch's claims, each run's start (and the downstream's attempt
-    # counts, when they are written), then the batch's ends.
+    # The batch's claims, its starts (and the downstream's attempt counts,
+    # when they are written), then its ends.
     assert [sql.split(" (")[0] for sql in commits[0]] == ["INSERT INTO claims"] * 4
+    assert [sql.startswith("UPDATE runs SET state = 'running'") for sql in commits[1]] == [True] * 4
     ends = commits[-1]
     assert len(ends) == 8
     assert all(sql.startswith("UPDATE claims SET state = 'succeeded'") for sql in ends[:4])
@@ -177,8 +184,10 @@ def test_a_stopping_node_starts_no_more_of_a_batch_and_its_runs_are_handed_on_ag
     assert _runs == keys[:1]
     assert worker.retry_at_ms is None  # nothing held: the three were let go of
     for k in range(1, 4):
+        # Recorded started with the batch, then interrupted before their
+        # targets: owed again, as their next attempt.
         (run,) = backends.store.history(f"job-{k:02d}")
-        assert run.state == "dispatched"
+        assert run.state == "interrupted"
     # The next node's leader, once the stopped one's lease has run out,
     # hands them on again.
     now = SystemClock().now_ms() + 600_000
@@ -191,3 +200,19 @@ def test_a_stopping_node_starts_no_more_of_a_batch_and_its_runs_are_handed_on_ag
     while dispatcher.qsize():
         restarted.step(SystemClock().now_ms())
     assert sorted(_runs) == sorted(keys)
+
+
+def test_a_breaker_opened_by_a_batchs_first_calls_parks_its_later_runs_as_never_started(backends: Backends) -> None:
+    # Five failures in a row open the breaker: the batch's last three runs,
+    # recorded started with it, make no call and keep their first attempt.
+    dispatcher = InProcessDispatcher()
+    config = WorkerConfig(concurrency=1, batch=8, breaker=BreakerPolicy(failure_threshold=5))
+    executor = Executor(backends.claims, backends.store, SystemClock(), "node-1", config)
+    keys = _queue(backends, dispatcher, 8, target="count_and_fail")
+    worker = DeliveryWorker(dispatcher.consumer(), executor, random.Random(3), config.batch)
+    assert worker.step(SystemClock().now_ms())
+    assert _runs == keys[:5]
+    runs = [backends.store.history(f"job-{k:02d}")[0] for k in range(8)]
+    # Retried, or failed for good past the retry budget's floor of three.
+    assert [r.state for r in runs] == ["retrying"] * 3 + ["failed"] * 2 + ["parked"] * 3
+    assert all(r.started_at_ms is None and r.attempt == 1 for r in runs[5:])

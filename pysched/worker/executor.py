@@ -36,7 +36,7 @@ import logging
 import random
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -301,30 +301,81 @@ class Executor:
         fresh = [i for i, e in enumerate(executions) if e.ended is None and not e.interrupted]
         for i, outcome in zip(fresh, self._claim([executions[i] for i in fresh]), strict=True):
             outcomes[i] = outcome
-        to_run = [i for i in fresh if outcomes[i] in _RUN]
-        for i in to_run:
-            execution = executions[i]
-            if i != to_run[0] and self.stopping.is_set():
-                # The node is stopping: the rest of a batch starts nothing,
-                # and each run is let go of, to be handed on again.
-                with self._lock:
-                    execution.interrupted = True
-                self._interrupted_before_start(execution, by_interrupt=False)
-                continue
-            ended = self._run(execution, first_claim=outcomes[i] is ClaimOutcome.CLAIMED)
-            with self._lock:
-                if execution.interrupted:
-                    # Recorded interrupted, and perhaps already delivered
-                    # again (or taken over: its lease was lost): this
-                    # outcome came too late to count.
-                    continue
-                if ended is not None and ended.state in ("succeeded", "failed") and execution.stop_reason:
-                    # Stopped because its job was cancelled: whatever the
-                    # target made of it, the run was cancelled.
-                    ended = Ended("cancelled", f"cancelled: {execution.stop_reason}", ended.result, ended.at_ms)
-                execution.ended = ended
+        ready: list[Execution] = []
+        for i in fresh:
+            if outcomes[i] in _RUN:
+                execution = executions[i]
+                # A batch's later runs ask their breaker just before their
+                # calls, not now: the calls before theirs may open it.
+                first_claim = outcomes[i] is ClaimOutcome.CLAIMED
+                ended = self._prepare(execution, first_claim, admit=not ready)
+                if ended is None:
+                    ready.append(execution)
+                else:
+                    self._set_ended(execution, ended)
+        for execution in self._start(ready):
+            self._set_ended(execution, self._call(execution))
         self._record([e for e in executions if e.ended is not None and not e.interrupted])
         return outcomes
+
+    def _set_ended(self, execution: Execution, ended: Ended) -> None:
+        with self._lock:
+            if execution.interrupted:
+                # Recorded interrupted, and perhaps already delivered again
+                # (or taken over: its lease was lost): this outcome came too
+                # late to count.
+                return
+            if ended.state in ("succeeded", "failed") and execution.stop_reason:
+                # Stopped because its job was cancelled: whatever the target
+                # made of it, the run was cancelled.
+                ended = Ended("cancelled", f"cancelled: {execution.stop_reason}", ended.result, ended.at_ms)
+            execution.ended = ended
+
+    def _start(self, ready: list[Execution]) -> Iterator[Execution]:
+        """Record the runs started, in one commit where the store can, then
+        yield each whose target is to run now. A run rescheduled since it
+        was handed on ends there (it never runs, and its row belongs to the
+        cancellation); one interrupted, or, past a batch's first, reached
+        once its node has begun to stop, is let go of, to be handed on
+        again. A batch's later runs are recorded started before they are:
+        their targets run one after another."""
+        if len(ready) > 1 and self.stopping.is_set():
+            # Not started: let go of as they are, for the next node.
+            for execution in ready[1:]:
+                self._let_go_unstarted(execution)
+            ready = ready[:1]
+        now_ms = self.clock.now_ms()
+        with self.store.writes_together():
+            for execution in ready:
+                execution.start_asked = True
+                execution.attempt = self.store.run_started(execution.record, self.holder, now_ms)
+        for position, execution in enumerate(ready):
+            if execution.attempt is None:
+                self._set_ended(execution, Ended(None, None, None, self.clock.now_ms()))
+                continue
+            if position > 0 and self.stopping.is_set():
+                self._let_go_unstarted(execution)
+                continue
+            parked = self._admit(execution) if position > 0 else None
+            if parked is not None:
+                self._set_ended(execution, parked)
+                continue
+            with self._lock:
+                by_interrupt = execution.interrupted
+                execution.interrupted = by_interrupt or self.interrupting.is_set()
+            if execution.interrupted:
+                self._interrupted_before_start(execution, by_interrupt)
+                continue
+            execution.started_at_ms = self.clock.now_ms()
+            yield execution
+
+    def _let_go_unstarted(self, execution: Execution) -> None:
+        """A run of a batch the stopping node will not start: its claim is
+        let go of (and, marked started, it is recorded interrupted), so the
+        next leader hands it on again."""
+        with self._lock:
+            execution.interrupted = True
+        self._interrupted_before_start(execution, by_interrupt=False)
 
     def interrupt(self) -> list[Execution]:
         """Begin the interruption: no target starts from now on, and the
@@ -441,12 +492,14 @@ class Executor:
             )
         return waiting
 
-    def _run(self, execution: Execution, first_claim: bool) -> Ended | None:
-        """Run the target, unless the run was cancelled or replaced after it
-        was handed on, or came too late for its job's catch-up policy; what
-        is to be recorded. None: interrupted before its target started.
-        Lateness is judged on the run's first claim alone: a retry, or a run
-        taken over from a dead worker, is owed whenever it comes."""
+    def _prepare(self, execution: Execution, first_claim: bool, admit: bool = True) -> Ended | None:
+        """None when the run is to start: not cancelled or replaced after it
+        was handed on, not too late for its job's catch-up policy, holding
+        its job's slot if it has one, admitted by its downstream's breaker
+        (unless not ``admit``: asked just before its call); else how it
+        ends. Lateness is judged on the run's first claim alone:
+        a retry, or a run taken over from a dead worker, is owed whenever it
+        comes."""
         record = execution.record
         try:
             job_record = self.store.get_job(record.job_id)
@@ -478,27 +531,27 @@ class Executor:
         blocked = self._take_slot(execution, job_record.job, first_claim, now_ms)
         if blocked is not None:
             return blocked
-        downstream = downstream_of(job_record.job.target)
-        admission = self.downstreams.admit(downstream)
-        if admission.park_until_ms is not None:
-            # Not started: no attempt, no failure, and its retries untouched.
-            why = f"parked: the circuit breaker of {downstream} is open"
-            return Ended("parked", why, None, self.clock.now_ms(), parked_until_ms=admission.park_until_ms)
-        execution.start_asked = True
         execution.job = job_record.job
-        execution.started_at_ms = self.clock.now_ms()
-        execution.attempt = self.store.run_started(record, self.holder, execution.started_at_ms)
-        if execution.attempt is None:
-            # Rescheduled after it was handed on: never runs, and its row
-            # belongs to the cancellation.
-            return Ended(None, None, None, self.clock.now_ms())
-        with self._lock:
-            by_interrupt = execution.interrupted
-            execution.interrupted = by_interrupt or self.interrupting.is_set()
-        if execution.interrupted:
-            self._interrupted_before_start(execution, by_interrupt)
+        return self._admit(execution) if admit else None
+
+    def _admit(self, execution: Execution) -> Ended | None:
+        """None if its downstream's breaker lets the run call it now; else
+        the run is parked until the breaker may let it through."""
+        assert execution.job is not None
+        downstream = downstream_of(execution.job.target)
+        admission = self.downstreams.admit(downstream)
+        if admission.park_until_ms is None:
             return None
-        job = job_record.job
+        # No call: no failure, and its retries untouched. A batch's run
+        # recorded started is parked as never started (the store's run_parked).
+        why = f"parked: the circuit breaker of {downstream} is open"
+        return Ended("parked", why, None, self.clock.now_ms(), parked_until_ms=admission.park_until_ms)
+
+    def _call(self, execution: Execution) -> Ended:
+        """Run the target of a run recorded started."""
+        job = execution.job
+        assert job is not None
+        downstream = downstream_of(job.target)
         self.downstreams.called(downstream)
         outcome = run_target(
             job,
