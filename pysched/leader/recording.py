@@ -10,11 +10,11 @@ import collections
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pysched.leader.config import LeaderConfig, RunDispatched
 from pysched.planning import plan_after_dispatch, planned_before
-from pysched.protocols import Fences, Run, ScheduleStore
+from pysched.protocols import Fences, NextRuns, Run, ScheduleStore
 
 log = logging.getLogger("pysched.leader")
 
@@ -42,6 +42,30 @@ class _Hold:
     known_from: int | None = None
 
 
+# Jobs are read and planned this many at a time: a burst of 50,000 one-shots
+# would otherwise hold 50,000 parsed job definitions at once.
+_PLAN_SLICE = 2_000
+
+
+def _plan(store: ScheduleStore, rows: Sequence[Run], now_ms: int) -> NextRuns:
+    """What follows ``rows``, planned a slice of jobs at a time; a job's
+    runs are all in one slice, in the order sent."""
+    by_job: dict[str, list[Run]] = {}
+    for row in rows:
+        by_job.setdefault(row.job_id, []).append(row)
+    ids = list(by_job)
+    planned = NextRuns([], [])
+    for start in range(0, len(ids), _PLAN_SLICE):
+        sliced = ids[start : start + _PLAN_SLICE]
+        sliced_rows = [row for job_id in sliced for row in by_job[job_id]]
+        jobs = store.planning_state(sliced)
+        part = plan_after_dispatch(sliced_rows, jobs, now_ms)
+        planned.runs.extend(part.runs)
+        planned.completed.extend(part.completed)
+        planned.stored_before.extend(planned_before(sliced_rows, jobs))
+    return planned
+
+
 @dataclass(frozen=True)
 class _Queued:
     number: int  # batches are numbered as submitted, from 0
@@ -51,13 +75,11 @@ class _Queued:
 def record_sent(
     store: ScheduleStore, rows: Sequence[Run], fences: Fences, marks: Mapping[int, int], now_ms: int
 ) -> list[Run]:
-    """Record ``rows`` handed on at ``now_ms``: the store is read once for
-    their jobs, the core plans what follows them, the store records both.
-    Returns the next runs stored, and those an earlier recording of the same
-    runs stored (planning.planned_before)."""
-    jobs = store.planning_state({row.job_id for row in rows}) if rows else {}
-    next_runs = plan_after_dispatch(rows, jobs, now_ms)
-    next_runs = replace(next_runs, stored_before=planned_before(rows, jobs))
+    """Record ``rows`` handed on at ``now_ms``: the store is read for their
+    jobs, the core plans what follows them, the store records both in one
+    write. Returns the next runs stored, and those an earlier recording of
+    the same runs stored (planning.planned_before)."""
+    next_runs = _plan(store, rows, now_ms)
     planned = [*next_runs.runs, *next_runs.stored_before]
     held = held_below(marks, first_due((nxt.partition, nxt.run.due_ms) for nxt in planned))
     return store.finish_dispatch(rows, fences, held, now_ms, next_runs)
