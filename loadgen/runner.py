@@ -132,7 +132,7 @@ def appended(consumer: Consumer, timeout_s: float) -> Iterator[tuple[DispatchRec
             yield native.decode(msg.value() or b""), msg.timestamp()[1]
 
 
-def _cancel_all(progress: Progress, store: ScheduleStore, jobs: list[Job]) -> None:
+def _cancel_all(progress: Progress, store: ScheduleStore, jobs: Sequence[Job]) -> None:
     task = progress.add_task("cancelling", total=len(jobs))
 
     def cancel(job_id: str) -> None:

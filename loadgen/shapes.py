@@ -15,9 +15,10 @@ Sustained load:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from pysched import native
 from pysched.model import Job, OnceSchedule
@@ -28,19 +29,46 @@ SUSTAIN_SHAPES = ("once", "recurring")
 MINUTE_MS = 60_000
 
 
+class CompactJobs(Sequence[Job]):
+    """Jobs kept as their JSON, made into models when read (a chunk at a
+    time, as registration reads them): 50,000 job models weigh about 145 MB,
+    which the load generator, sharing its process with the embedded node it
+    measures, would add to the node's peak RSS; their JSON weighs 20 MB."""
+
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+        self._specs = [job.model_dump_json().encode() for job in jobs]
+
+    def append(self, job: Job) -> None:
+        self._specs.append(job.model_dump_json().encode())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    @overload
+    def __getitem__(self, index: int) -> Job: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Job]: ...
+
+    def __getitem__(self, index: int | slice) -> Job | list[Job]:
+        if isinstance(index, slice):
+            return [Job.model_validate_json(spec) for spec in self._specs[index]]
+        return Job.model_validate_json(self._specs[index])
+
+
 @dataclass(frozen=True)
 class Load:
     """Jobs to register, and the runs they must make: idempotency key -> the
     due time pysched should fire it at."""
 
-    jobs: list[Job]
+    jobs: CompactJobs
     expected: dict[str, int]
     # Recurring jobs go on firing after the measured window: cancel them then.
     recurring: bool = False
 
     @classmethod
     def one_shots(cls, pairs: Iterable[tuple[Job, int]]) -> Load:
-        jobs: list[Job] = []
+        jobs = CompactJobs()
         expected: dict[str, int] = {}
         for job, due in pairs:
             assert isinstance(job.schedule, OnceSchedule)
@@ -91,7 +119,7 @@ def sustain_recurring(rate: float, minutes: int, start_ms: int, ledger: Path, pr
     ``start_ms`` (a minute boundary) are the ones measured."""
     if start_ms % MINUTE_MS:
         raise ValueError("start_ms must be a minute boundary")
-    jobs: list[Job] = []
+    jobs = CompactJobs()
     expected: dict[str, int] = {}
     for k in range(round(rate * 60)):
         job_id = f"{prefix}{k:07d}"
