@@ -195,6 +195,17 @@ def test_up_without_workers_on_the_embedded_engine_is_refused(tmp_path: Path, db
     assert not db_path.exists()
 
 
+@pytest.mark.parametrize("batch", ["0", "1001", "many"])
+def test_up_with_a_bad_batch_is_refused_in_words(db_path: Path, batch: str) -> None:
+    proc = subprocess.run(
+        [*PYSCHED, "up", "--batch", batch, "--db", str(db_path)], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--batch" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not db_path.exists()
+
+
 def test_a_cancelled_id_is_refused_with_the_reason(db_path: Path) -> None:
     cli("add", "nightly", "--cron", "0 2 * * *", "--shell", "true", db=db_path)
     cli("cancel", "nightly", db=db_path)

@@ -192,6 +192,7 @@ def _serve(
     leader_config: LeaderConfig | None = None,
     temporal_address: str | None = None,
     breaker: BreakerPolicy | None = None,
+    batch: int = WorkerConfig.batch,
     lease: tuple[int, int] = (WorkerConfig.lease_ms, WorkerConfig.heartbeat_ms),
 ) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
@@ -206,6 +207,7 @@ def _serve(
     sys.path.insert(0, str(Path.cwd()))
     config = WorkerConfig(
         concurrency=workers,
+        batch=batch,
         lease_ms=lease[0],
         heartbeat_ms=lease[1],
         grace_s=grace_s,
@@ -301,6 +303,17 @@ def up(
     breaker_open: BreakerOpenOption = None,
     retry_budget: RetryBudgetOption = None,
     lease: LeaseOption = None,
+    batch: Annotated[
+        int,
+        typer.Option(
+            "--batch",
+            min=1,
+            max=1_000,
+            help="Runs a worker thread takes at once from the queue in a burst, claimed, started and recorded"
+            f" together (default {WorkerConfig.batch}; never more than its share of what is queued). Their"
+            " targets run one after another: 1 keeps a long run from holding up others.",
+        ),
+    ] = WorkerConfig.batch,
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
@@ -342,6 +355,7 @@ def up(
         temporal_address=_temporal_address(config),
         breaker=breaker,
         lease=_lease(lease),
+        batch=batch,
     )
 
 
