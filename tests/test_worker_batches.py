@@ -216,3 +216,24 @@ def test_a_breaker_opened_by_a_batchs_first_calls_parks_its_later_runs_as_never_
     # Retried, or failed for good past the retry budget's floor of three.
     assert [r.state for r in runs] == ["retrying"] * 3 + ["failed"] * 2 + ["parked"] * 3
     assert all(r.started_at_ms is None and r.attempt == 1 for r in runs[5:])
+
+
+def test_the_retry_budget_is_asked_outside_the_write_that_records_the_failure(backends: Backends) -> None:
+    # The budget holds a lock of its own while its counts wait for the
+    # database; asked from inside a write, it would wait on a thread that
+    # waits on this one.
+    dispatcher = InProcessDispatcher()
+    executor = Executor(backends.claims, backends.store, SystemClock(), "node-1", CONFIG)
+    writes = backends.store.db._writes  # type: ignore[attr-defined]
+    inside: list[bool] = []
+    grant = executor.downstreams.grant_retry
+
+    def watched(downstream: str) -> bool:
+        inside.append(writes.connection_in_use() is not None)
+        return grant(downstream)
+
+    executor.downstreams.grant_retry = watched  # type: ignore[method-assign]
+    _queue(backends, dispatcher, 3, target="count_and_fail")
+    worker = DeliveryWorker(dispatcher.consumer(), executor, random.Random(3), CONFIG.batch)
+    assert worker.step(SystemClock().now_ms())
+    assert inside == [False, False, False]

@@ -658,12 +658,15 @@ class Executor:
                 continue
             execution.slot = None
 
-    def _record_history(self, execution: Execution, end: Ended, retry_at: dict[str, int | None]) -> None:
-        """Write how the run ended into its history; a failure's retry time
-        (None: a dead letter) into ``retry_at``, by holder."""
+    def _record_history(
+        self, execution: Execution, end: Ended, failure: tuple[FailedAttempt, int | None] | None
+    ) -> None:
+        """Write how the run ended into its history (a failure as
+        ``_failure_of`` made it)."""
         record = execution.record
         if end.state == "failed":
-            retry_at[execution.holder] = self._record_failure(execution, end)
+            assert failure is not None
+            self.store.run_failed(record, *failure)
         elif end.state == "missed":
             missed = MissedRuns(record.job_id, record.run_at_ms, record.run_at_ms + 1, end.kind or "skipped")
             self.store.run_missed(record, missed, end.error or "missed", end.at_ms)
@@ -674,9 +677,12 @@ class Executor:
         elif end.state is not None:
             self.store.run_finished(record, end.state, end.error, end.result, end.at_ms)
 
-    def _record_failure(self, execution: Execution, end: Ended) -> int | None:
-        """Record a failed attempt, and when the run is tried again (None:
-        not, it is a dead letter now), by the job's retry policy."""
+    def _failure_of(self, execution: Execution, end: Ended) -> tuple[FailedAttempt, int | None]:
+        """A failed attempt to record, and when the run is tried again (None:
+        not, it is a dead letter now), by the job's retry policy and its
+        downstream's retry budget. Asked before the writes that record it:
+        the budget takes a lock of its own, which its own writes hold while
+        they wait for the database."""
         record = execution.record
         try:
             run = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group)
@@ -716,8 +722,7 @@ class Executor:
             retry_due_ms is None,
             end.result,
         )
-        self.store.run_failed(record, failure, retry_due_ms)
-        return retry_due_ms
+        return failure, retry_due_ms
 
     def _announce_dead_letter(self, record: DispatchRecord) -> None:
         """After the store has it: a failure to announce loses nothing the
@@ -756,7 +761,8 @@ class Executor:
         running claim whose lease ran out, and the run was run again. Where
         the store can, both are one commit (``writes_together``)."""
         ended = [(e, e.ended) for e in executions if e.ended is not None]
-        retry_at: dict[str, int | None] = {}
+        failures = {e.holder: self._failure_of(e, end) for e, end in ended if end.state == "failed"}
+        retry_at = {holder: retry_due_ms for holder, (_, retry_due_ms) in failures.items()}
         with self.store.writes_together():
             for execution, end in ended:
                 # A missed run's claim is not a success: its redelivery would
@@ -766,7 +772,7 @@ class Executor:
                 key = execution.record.idempotency_key
                 self.claims.complete(key, execution.holder, succeeded, end.result, end.at_ms)
             for execution, end in ended:
-                self._record_history(execution, end, retry_at)
+                self._record_history(execution, end, failures.get(execution.holder))
         if self.dead_letters is not None:
             # Once the store has them.
             for execution, end in ended:
