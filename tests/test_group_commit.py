@@ -171,3 +171,50 @@ def test_many_threads_writing_at_once_lose_nothing(db: Counted) -> None:
         t.join(60)
     assert db.rows() == sorted(1000 * t + k for t in range(8) for k in range(50))
     assert db.commits <= 8 * 50
+
+
+def test_a_group_left_to_a_writer_that_gave_up_is_committed_all_the_same(db: Counted) -> None:
+    # A writer in line when a body ends is left the group's commit; if it
+    # then gives up waiting for the lock (lock_timeout_s), nobody is left in
+    # line, and the writer waiting for its commit makes it itself. The
+    # writer in line is stood in for by the count of writers queued.
+    with db.group._queued_lock:
+        db.group._queued += 1
+    done = threading.Event()
+
+    def write() -> None:
+        db.insert(1)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    wait_for(lambda: db.group._open is not None and not db.group._lock.locked(), 10, "the body to end")
+    assert db.rows() == []  # left to the writer in line
+    with db.group._queued_lock:
+        db.group._queued -= 1  # which gave up
+    assert done.wait(10)
+    writer.join(10)
+    assert db.rows() == [1]
+    assert db.commits == 1
+
+
+def test_a_writer_kept_from_the_lock_too_long_fails_in_words(tmp_path: Path) -> None:
+    db = Counted(tmp_path / "group.db")
+    db.group = GroupCommit(db._connect, lock_timeout_s=0.2)
+    failed: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            db.insert(2)
+        except sqlite3.OperationalError as exc:
+            failed.append(exc)
+
+    with db.group.transaction() as conn:
+        conn.execute("INSERT INTO rows VALUES (1, 1)")
+        t = threading.Thread(target=second)
+        t.start()
+        t.join(10)
+    assert [str(e) for e in failed] == ["database is locked: another writer of this process held it for 0.2 s"]
+    assert db.rows() == [1]
+    assert db.group.queued() == 0
+    db.group.close()

@@ -24,6 +24,16 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+# How long a writer waits for the others of its process before it gives up
+# with "database is locked", as SQLite's busy timeout did when each thread
+# had a connection of its own: a failure its caller retries, not a thread
+# stuck for good behind one that waits on it.
+LOCK_TIMEOUT_S = 30.0
+
+# How often a writer waiting for its group's commit looks whether one is
+# still coming.
+_RECHECK_S = 1.0
+
 # A group commits once it holds this many transactions, even with writers
 # waiting: a steady stream of writers would otherwise keep it open, and
 # its first writer waiting, for as long as the stream lasts.
@@ -43,8 +53,9 @@ class GroupCommit:
     """``connect`` opens the shared connection (autocommit mode, usable
     from any thread), once, on the first write."""
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+    def __init__(self, connect: Callable[[], sqlite3.Connection], lock_timeout_s: float = LOCK_TIMEOUT_S) -> None:
         self._connect = connect
+        self._lock_timeout_s = lock_timeout_s
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._committed_cv = threading.Condition(self._lock)
@@ -83,10 +94,14 @@ class GroupCommit:
             return
         with self._queued_lock:
             self._queued += 1
-        self._lock.acquire()
+        locked = self._lock.acquire(timeout=self._lock_timeout_s)
+        with self._queued_lock:
+            self._queued -= 1
+        if not locked:
+            raise sqlite3.OperationalError(
+                f"database is locked: another writer of this process held it for {self._lock_timeout_s:g} s"
+            )
         try:
-            with self._queued_lock:
-                self._queued -= 1
             group = self._join()
             assert self._conn is not None
             conn = self._conn
@@ -198,7 +213,15 @@ class GroupCommit:
         """Until ``group`` is committed; raises its commit's error (not for
         a body that raised: its own error says more)."""
         while self._ended < group:
-            self._committed_cv.wait()
+            if self._committed_cv.wait(_RECHECK_S):
+                continue
+            # No commit came. The writer it was left to may have given up
+            # waiting for the lock (LOCK_TIMEOUT_S): then, with no writer
+            # left in line, this one commits the group.
+            with self._queued_lock:
+                queued = self._queued
+            if self._open == group and queued == 0:
+                self._commit()
         failed = self._failed.get(group)
         if failed is None:
             return
