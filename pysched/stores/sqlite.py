@@ -496,15 +496,10 @@ class SQLiteScheduleStore:
         with self.db.transaction() as conn:
             state = "cancelled" if self._job_cancelled(conn, record.job_id) else "parked"
             # The delivery parked is its latest: a late record of its
-            # dispatch leaves the run parked (finish_dispatch). A run marked
-            # running here was recorded started with its worker's batch and
-            # never called (only the claim's holder parks it): it is parked
-            # as never started, its attempt not ended, so not spent.
+            # dispatch leaves the run parked (finish_dispatch).
             row = conn.execute(
                 "UPDATE runs SET state = ?, due_ms = ?, delivery = max(delivery, ?), error = ?,"
-                " ended_at_ms = CASE WHEN ? = 'cancelled' THEN ? END,"
-                " started_at_ms = CASE WHEN state = 'running' THEN NULL ELSE started_at_ms END,"
-                " worker = CASE WHEN state = 'running' THEN NULL ELSE worker END"
+                " ended_at_ms = CASE WHEN ? = 'cancelled' THEN ? END"
                 " WHERE run_id = ? AND state NOT IN ('succeeded', 'cancelled') RETURNING partition",
                 (state, due_ms, record.attempt, reason, state, now_ms, record.run_id),
             ).fetchone()

@@ -72,6 +72,13 @@ log = logging.getLogger("pysched.worker")
 
 _RUN = (ClaimOutcome.CLAIMED, ClaimOutcome.TAKEN_OVER)
 
+# The ends of a batch's runs are recorded together: at the batch's end, or
+# before its next target starts once the first end has waited this long. A
+# node that dies meanwhile leaves them to run again (delivery is at least
+# once; the idempotency key is what makes the effect once), so the wait is
+# short, and bounded by one target's time besides.
+_RECORD_WITHIN_MS = 20
+
 
 @dataclass(frozen=True)
 class Ended:
@@ -129,6 +136,8 @@ class Execution:
     # Its hold on its job's running slot (overlap policy), while it has one.
     slot: SlotHold | None = None
     replaced: bool = False  # stopped because a newer run of its job replaced it
+    recorded: bool = False  # its end is recorded: never again
+    recording: bool = False  # a thread is recording its end now
 
 
 class Executor:
@@ -313,10 +322,41 @@ class Executor:
                     ready.append(execution)
                 else:
                     self._set_ended(execution, ended)
+        # What ended without a call (or in an earlier attempt), in one write;
+        # then the ends of the runs called, together, but none left waiting
+        # past _RECORD_WITHIN_MS when another target is to start.
+        self._record(executions)
+        called: list[Execution] = []
         for execution in self._start(ready):
+            first_end = next((e.ended.at_ms for e in called if e.ended is not None and not e.recorded), None)
+            if first_end is not None and self.clock.now_ms() - first_end >= _RECORD_WITHIN_MS:
+                self._record(called)
             self._set_ended(execution, self._call(execution))
-        self._record([e for e in executions if e.ended is not None and not e.interrupted])
+            called.append(execution)
+        self._record(ready)
         return outcomes
+
+    def record_ended(self) -> None:
+        """Record the runs that have ended and wait in their batch to be
+        recorded, now: the node is about to give up its runs (after its
+        grace period), and a run that ended must not run again."""
+        with self._lock:
+            waiting = [e for e in self._running.values() if e.ended is not None and not e.recorded]
+        try:
+            self._record(waiting)
+        except Exception as exc:
+            log.warning("could not record %d runs that ended: %s", len(waiting), exc)
+
+    def _waited_in_vain(self, execution: Execution) -> Ended | None:
+        """How a run that waited in its batch ends without its call: its job
+        cancelled (the heartbeat stopped it) or a newer run replacing it."""
+        now_ms = self.clock.now_ms()
+        if execution.replaced:
+            error = "replaced: a newer run of the job came due before this one started (overlap replace)"
+            return Ended("cancelled", error, None, now_ms)
+        if execution.stop_reason is not None:
+            return Ended("cancelled", f"cancelled: {execution.stop_reason}", None, now_ms)
+        return None
 
     def _set_ended(self, execution: Execution, ended: Ended) -> None:
         with self._lock:
@@ -356,15 +396,16 @@ class Executor:
             if position > 0 and self.stopping.is_set():
                 self._let_go_unstarted(execution)
                 continue
-            parked = self._admit(execution) if position > 0 else None
-            if parked is not None:
-                self._set_ended(execution, parked)
-                continue
             with self._lock:
                 by_interrupt = execution.interrupted
                 execution.interrupted = by_interrupt or self.interrupting.is_set()
             if execution.interrupted:
                 self._interrupted_before_start(execution, by_interrupt)
+                continue
+            # A batch's later run: what happened while it waited.
+            instead = (self._waited_in_vain(execution) or self._admit(execution)) if position > 0 else None
+            if instead is not None:
+                self._set_ended(execution, instead)
                 continue
             execution.started_at_ms = self.clock.now_ms()
             yield execution
@@ -543,7 +584,7 @@ class Executor:
         if admission.park_until_ms is None:
             return None
         # No call: no failure, and its retries untouched. A batch's run
-        # recorded started is parked as never started (the store's run_parked).
+        # recorded started keeps its attempt, not ended, for its next start.
         why = f"parked: the circuit breaker of {downstream} is open"
         return Ended("parked", why, None, self.clock.now_ms(), parked_until_ms=admission.park_until_ms)
 
@@ -760,7 +801,26 @@ class Executor:
         (_claim); the other order left a history saying succeeded and a
         running claim whose lease ran out, and the run was run again. Where
         the store can, both are one commit (``writes_together``)."""
-        ended = [(e, e.ended) for e in executions if e.ended is not None]
+        with self._lock:
+            # Taken for recording: the worker's thread and, at a stop, the
+            # interrupting one may both ask.
+            ended = [(e, e.ended) for e in executions if e.ended is not None and not (e.recorded or e.recording)]
+            for execution, _ in ended:
+                execution.recording = True
+        if not ended:
+            return
+        try:
+            retry_at = self._write_ends(ended)
+        finally:
+            with self._lock:
+                for execution, _ in ended:
+                    execution.recording = False
+        self._release_slots([e for e, _ in ended], self.clock.now_ms())
+        self._log_ends(ended, retry_at)
+
+    def _write_ends(self, ended: list[tuple[Execution, Ended]]) -> dict[str, int | None]:
+        """The writes of ``_record``; each failure's retry time (None: a dead
+        letter), by holder."""
         failures = {e.holder: self._failure_of(e, end) for e, end in ended if end.state == "failed"}
         retry_at = {holder: retry_due_ms for holder, (_, retry_due_ms) in failures.items()}
         with self.store.writes_together():
@@ -778,7 +838,12 @@ class Executor:
             for execution, end in ended:
                 if end.state == "failed" and retry_at.get(execution.holder) is None:
                     self._announce_dead_letter(execution.record)
-        self._release_slots([e for e, _ in ended], self.clock.now_ms())
+        with self._lock:
+            for execution, _ in ended:
+                execution.recorded = True
+        return retry_at
+
+    def _log_ends(self, ended: list[tuple[Execution, Ended]], retry_at: dict[str, int | None]) -> None:
         for execution, end in ended:
             if end.state == "parked" and end.kind == "overlap":
                 self.count("waiting")  # for its job's previous run, not a breaker

@@ -105,6 +105,7 @@ class WorkerPool:
             executions = self.executor.interrupt()
             stopped = stop_commands(self.executor.interrupting, self.config.kill_after_s)
             self.executor.record_interrupted(executions, why)
+            self.executor.record_ended()
             self.executor.abandoned.set()
         if executions:
             log.warning(
