@@ -69,32 +69,31 @@ class InProcessDispatcher:
         with self._ready:
             if not self._batches and not self._ready.wait(timeout_s):
                 return None
-            if not self._batches:
-                return None
-            payloads, at = self._batches[0]
-            payload = payloads[self._cursor]
-            self._cursor += 1
-            if self._cursor == len(payloads):
-                self._batches.popleft()
-                self._cursor = 0
-        return Delivery(payload, at)
+            taken = self._pop(1)
+        return taken[0] if taken else None
 
     def take_share(self, most: int) -> list[Delivery]:
         """Up to ``most`` of the deliveries queued, without waiting, and no
         more than a consumer's share of them."""
         with self._ready:
-            queued = sum(len(p) for p, _ in self._batches) - self._cursor
-            share = min(most, -(-queued // max(1, self._consumers)))
-            taken: list[Delivery] = []
-            while len(taken) < share and self._batches:
-                payloads, at = self._batches[0]
-                end = min(len(payloads), self._cursor + share - len(taken))
-                taken.extend(Delivery(payload, at) for payload in payloads[self._cursor : end])
-                self._cursor = end
-                if self._cursor == len(payloads):
-                    self._batches.popleft()
-                    self._cursor = 0
+            return self._pop(min(most, -(-self._queued() // max(1, self._consumers))))
+
+    def _pop(self, most: int) -> list[Delivery]:
+        """Up to ``most`` deliveries from the front of the queue (under the
+        lock)."""
+        taken: list[Delivery] = []
+        while len(taken) < most and self._batches:
+            payloads, at = self._batches[0]
+            end = min(len(payloads), self._cursor + most - len(taken))
+            taken.extend(Delivery(payload, at) for payload in payloads[self._cursor : end])
+            self._cursor = end
+            if self._cursor == len(payloads):
+                self._batches.popleft()
+                self._cursor = 0
         return taken
+
+    def _queued(self) -> int:
+        return sum(len(p) for p, _ in self._batches) - self._cursor
 
     def consumer(self) -> InProcessConsumer:
         with self._ready:
@@ -112,4 +111,4 @@ class InProcessDispatcher:
 
     def qsize(self) -> int:
         with self._ready:
-            return sum(len(p) for p, _ in self._batches) - self._cursor
+            return self._queued()
