@@ -100,6 +100,20 @@ def _worker(backends: Backends, dispatcher: InProcessDispatcher, executor: Execu
     return DeliveryWorker(dispatcher.consumer(), executor, random.Random(3), CONFIG.batch)
 
 
+def _times_out_on_call(n: int, real: Callable[..., None]) -> Callable[..., None]:
+    """``real``, whose ``n``-th call (from 1) times out instead."""
+    calls = 0
+
+    def wrapped(*args: object, **kwargs: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == n:
+            raise TimeoutError("the store timed out")
+        real(*args, **kwargs)
+
+    return wrapped
+
+
 def _traced(backends: Backends) -> list[str]:
     """The statements of the database's writers from now on, as a list
     that grows."""
@@ -165,16 +179,7 @@ def test_a_batch_whose_recording_failed_is_recorded_again_and_nothing_runs_twice
     keys = _queue(backends, dispatcher, 3)
     worker = _worker(backends, dispatcher)
     store = backends.store
-    real = store.run_finished
-    calls = {"n": 0}
-
-    def fails_on_the_second(*args: object, **kwargs: object) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise TimeoutError("the store timed out")
-        real(*args, **kwargs)  # type: ignore[arg-type]
-
-    store.run_finished = fails_on_the_second  # type: ignore[method-assign]
+    store.run_finished = _times_out_on_call(2, store.run_finished)  # type: ignore[method-assign]
     assert worker.step(SystemClock().now_ms())
     # The second end was not written, nor its claim's completion (the same
     # commit); the third run may not have been called yet.
@@ -286,16 +291,7 @@ def test_an_end_whose_recording_failed_is_recorded_even_after_its_lease_was_lost
     dispatcher = InProcessDispatcher()
     executor = Executor(backends.claims, backends.store, SystemClock(), "node-1", CONFIG)
     keys = _queue(backends, dispatcher, 1)
-    real = backends.claims.complete
-    calls = {"n": 0}
-
-    def fails_once(*args: object, **kwargs: object) -> None:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise TimeoutError("the store timed out")
-        real(*args, **kwargs)  # type: ignore[arg-type]
-
-    backends.claims.complete = fails_once  # type: ignore[method-assign]
+    backends.claims.complete = _times_out_on_call(1, backends.claims.complete)  # type: ignore[method-assign]
     worker = DeliveryWorker(dispatcher.consumer(), executor, random.Random(3), CONFIG.batch)
     assert worker.step(SystemClock().now_ms())
     (execution,) = [h.execution for h in worker._held]
