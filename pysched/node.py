@@ -8,6 +8,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,42 +97,46 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
 
     session = connect(config)
     _ensure_schema_or_shut_down(session, config, clock or SystemClock())
-    redis_client = connect_redis(config.redis)
-    ensure_topic(config)
-    run_etcd = EtcdConnection(config.etcd, name="pysched-etcd-runs")
-    claims = RedisCassandraClaims(redis_client, session, config, EtcdRunLeases(run_etcd, f"/pysched/{config.keyspace}"))
-    store = CassandraScheduleStore(session, config)
+    # Each connection is closed again if a later one fails: a driver left
+    # running at exit (Cassandra's scheduler thread) prints a traceback
+    # after the error that names the unreachable server.
+    with ExitStack() as opened:
+        opened.callback(session.cluster.shutdown)
+        redis_client = connect_redis(config.redis)
+        opened.callback(redis_client.close)
+        ensure_topic(config)
+        run_etcd = EtcdConnection(config.etcd, name="pysched-etcd-runs")
+        opened.callback(run_etcd.close)
+        claims = RedisCassandraClaims(
+            redis_client, session, config, EtcdRunLeases(run_etcd, f"/pysched/{config.keyspace}")
+        )
+        store = CassandraScheduleStore(session, config)
 
-    def publish_fence(partition: int, fence: int) -> None:
-        # The store first: a worker that rejects an older leader's run (the
-        # claims' fence) implies the store refuses that leader's watermark
-        # move, so the run stays ahead of where the new leader reads.
-        store.raise_fence(partition, fence)
-        claims.raise_fence(partition, fence)
+        def publish_fence(partition: int, fence: int) -> None:
+            # The store first: a worker that rejects an older leader's run (the
+            # claims' fence) implies the store refuses that leader's watermark
+            # move, so the run stays ahead of where the new leader reads.
+            store.raise_fence(partition, fence)
+            claims.raise_fence(partition, fence)
 
-    coord: Coordinator
-    closers: list[Callable[[], None]] = []
-    if coordinator:
-        from pysched.coord.etcd import EtcdCoordinator
+        coord: Coordinator
+        if coordinator:
+            from pysched.coord.etcd import EtcdCoordinator
 
-        etcd = EtcdCoordinator(config, partitions=store.partitions, publish_fence=publish_fence)
-        closers.append(etcd.close)
-        coord = etcd
-    else:
-        coord = _NoCoordinator()
-    dispatcher = KafkaDispatcher(config)
-    if coordinator:
-        dispatcher.warm_up()
-    dead_letters = KafkaDeadLetters(config)
-
-    def close() -> None:
-        dead_letters.close()
-        dispatcher.close()
-        for closer in closers:
-            closer()
-        redis_client.close()
-        run_etcd.close()
-        session.cluster.shutdown()
+            etcd = EtcdCoordinator(config, partitions=store.partitions, publish_fence=publish_fence)
+            opened.callback(etcd.close)
+            coord = etcd
+        else:
+            coord = _NoCoordinator()
+        dispatcher = KafkaDispatcher(config)
+        opened.callback(dispatcher.close)
+        if coordinator:
+            dispatcher.warm_up()
+        dead_letters = KafkaDeadLetters(config)
+        opened.callback(dead_letters.close)
+        # Everything is open: from here on the node's close() closes it all,
+        # the last opened first.
+        close = opened.pop_all().close
 
     retention = Retention(days=config.history_days, keep_per_job=config.history_keep)
     return Backends(store, claims, coord, dispatcher, close, retention=retention, dead_letters=dead_letters)

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from pysched.config import ClusterConfig
+from pysched.node import open_cluster
 from tests.conftest import SERVICES_STATE, cluster_config_for
 from tests.helpers import PYSCHED, Cluster, now_ms, stop_node, wait_for, write_config
 
@@ -168,6 +171,23 @@ def test_an_unreachable_server_is_named_at_start_up(
     assert proc.returncode != 0
     assert f"{server} at " in proc.stderr and "127.0.0.1:9" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("server", ["redis", "kafka", "etcd"])
+def test_a_failed_start_up_leaves_no_driver_thread_running(
+    services: dict[str, Any], keyspace: str, server: str
+) -> None:
+    """Cassandra connects first; a server that fails after it used to leave
+    the driver's threads running, and one printed a traceback at exit."""
+    config = cluster_config_for(services, keyspace).model_dump()
+    config[server] = "redis://127.0.0.1:9/0" if server == "redis" else "127.0.0.1:9"
+    before = set(threading.enumerate())
+    with pytest.raises(ConnectionError):
+        open_cluster(ClusterConfig.model_validate(config))
+    started = [t for t in threading.enumerate() if t not in before]
+    for thread in started:
+        thread.join(15)
+    assert [t.name for t in started if t.is_alive()] == []
 
 
 def test_all_nodes_down_for_three_minutes_then_one_node_catches_up(cluster: Cluster) -> None:
