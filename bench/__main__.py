@@ -1,4 +1,5 @@
-"""`python -m bench micro [--json FILE] [--quick]`: native vs reference ratios.
+"""`python -m bench micro [--json FILE] [--quick]`: native vs reference ratios;
+`burst`, `peers`, `limit` and `cost`: see bench/README.md.
 
 Runs bench/test_micro.py under pytest-benchmark, then prints, per group, the
 median time of each implementation and baseline / implementation (reference
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 
 def wheel_memory(n: int = 100_000) -> int:
@@ -124,6 +126,26 @@ def limit_cmd(args: argparse.Namespace) -> int:
     return _correct(figures["pysched_cluster"])
 
 
+def cost_cmd(args: argparse.Namespace) -> int:
+    from bench.cost import ServersUnknown, cost
+
+    if args.start_nodes < 1 or args.start_workers < 1:
+        print("bench: cost: --start-nodes and --start-workers must each be 1 or more", file=sys.stderr)
+        return 2
+    if args.rate <= 0 or args.duration <= 0 or not 1 <= args.threads <= 256:
+        print("bench: cost: --rate and --duration must be more than 0, --threads 1 to 256", file=sys.stderr)
+        return 2
+    try:
+        figures = cost(
+            args.config, args.rate, args.duration, args.start_nodes, args.start_workers, args.threads, Path(args.state)
+        )
+    except ServersUnknown as exc:
+        print(f"bench: cost: --state: {exc}", file=sys.stderr)
+        return 2
+    _emit(figures, args.json)
+    return _correct(figures)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,14 +175,27 @@ def main() -> int:
     cluster_args(lim, required=True)
     lim.add_argument("--json")
     lim.set_defaults(func=limit_cmd)
+    c = sub.add_parser("cost", help="CPU per executed run, per process, under a sustained recurring load")
+    c.add_argument("--rate", type=float, default=100.0, help="runs a second (rate x 60 every-minute jobs)")
+    c.add_argument("--duration", type=float, default=120.0, help="seconds, rounded up to whole minutes")
+    c.add_argument("--threads", type=int, default=8, help="worker threads of each `pysched worker`")
+    c.add_argument("--state", default=str(ROOT / ".services" / "state.json"), help="scripts/services' state file")
+    cluster_args(c, required=True)
+    c.set_defaults(start_nodes=2, start_workers=2)
+    c.add_argument("--json")
+    c.set_defaults(func=cost_cmd)
     args = parser.parse_args()
     from loadgen.registration import RegisteredLate
+    from pysched.config import ConfigError
     from pysched.protocols import PartitionsMismatch
 
     try:
         return int(args.func(args))
     except RegisteredLate as exc:
         print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"bench: --config: {exc}", file=sys.stderr)
         return 2
     except PartitionsMismatch as exc:
         print(f"bench: --config: {getattr(args, 'config', None)}: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,19 @@ def in_own_process(measure: Callable[..., dict[str, Any]], *args: Any) -> dict[s
         return pool.submit(measure, *args).result()
 
 
+@dataclass(frozen=True)
+class ClusterProcesses:
+    nodes: list[subprocess.Popen[bytes]]  # `pysched up --workers 0`: leaders only
+    workers: list[subprocess.Popen[bytes]]
+
+
 @contextmanager
-def cluster_processes(config: str, nodes: int, workers: int) -> Iterator[None]:
+def cluster_processes(
+    config: str, nodes: int, workers: int, worker_threads: int | None = None
+) -> Iterator[ClusterProcesses]:
     """Nodes and workers for the run, stopped by their PIDs afterwards."""
-    procs = []
+    threads = [] if worker_threads is None else ["--workers", str(worker_threads)]
+    procs: list[subprocess.Popen[bytes]] = []
     logs = ROOT / ".services" / "bench-logs"
     logs.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pysched"]
@@ -86,14 +96,16 @@ def cluster_processes(config: str, nodes: int, workers: int) -> Iterator[None]:
     for k in range(workers):
         with (logs / f"worker-{k}.log").open("ab") as out:
             procs.append(
-                subprocess.Popen([*argv, "worker", "--config", config, "--quiet"], stdout=out, stderr=out, cwd=ROOT)
+                subprocess.Popen(
+                    [*argv, "worker", "--config", config, *threads, "--quiet"], stdout=out, stderr=out, cwd=ROOT
+                )
             )
     try:
         time.sleep(8)  # elected and consuming
         for p in procs:
             if p.poll() is not None:
                 raise SystemExit(f"bench: a pysched process exited at start (logs in {logs})")
-        yield
+        yield ClusterProcesses(procs[:nodes], procs[nodes:])
     finally:
         for p in procs:
             if p.poll() is None:
