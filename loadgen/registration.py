@@ -26,9 +26,9 @@ from loadgen.shapes import Load
 from pysched.model import Job
 
 # Jobs a second each engine registers in bulk, with room to spare: only the
-# first attempt's guess. The cluster's rate is one lightweight transaction
-# and one logged batch per job.
-ASSUMED_RATE = {"embedded": 20_000, "cluster": 250}
+# first attempt's guess. The cluster's rate is bound by the logged batches
+# of job rows and first runs (ids are claimed a bucket at a time).
+ASSUMED_RATE = {"embedded": 20_000, "cluster": 800}
 MARGIN_S = 3.0
 # Registration must end this long before the first run falls due, or the
 # figures would time registration, not firing.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from pysched.model import Job
 from pysched.protocols import JobExists, PlannedRun
 from pysched.registry import register_many
 from pysched.stores.cassandra import CassandraScheduleStore, connect, ensure_schema
+from pysched.stores.cassandra_job_ids import REGISTERING_GRACE_MS, bucket_of
 from tests.conftest import cluster_config_for
 
 pytestmark = pytest.mark.cluster
@@ -80,3 +82,67 @@ def test_timed_out_registrations_are_tried_again_and_their_own_rows_recognised(
     assert register_many(store, [job("j000")], now + 1) == ["j000"]
     with pytest.raises(JobExists):
         store.add_job(job("single"), 0, 0, PlannedRun(4_000_000_000_000, 4_000_000_000_000), now + 1)
+
+
+def far_run() -> PlannedRun:
+    return PlannedRun(4_000_000_000_000, 4_000_000_000_000)
+
+
+def test_two_bulk_registrations_racing_on_the_same_ids_register_each_once(
+    session_and_config: tuple[Any, Any],
+) -> None:
+    session, config = session_and_config
+    store = CassandraScheduleStore(session, config)
+    now = 1_900_000_000_000
+    first = [job(f"race-{k:04d}") for k in range(0, 600)]
+    second = [job(f"race-{k:04d}") for k in range(300, 900)]
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda jobs: register_many(store, jobs, now), [first, second])
+    overlap = {j.id for j in first} & {j.id for j in second}
+    # Each id of both lists is refused to exactly one of them.
+    assert set(a) | set(b) == overlap and not set(a) & set(b)
+    assert len(store.list_jobs()) == 900
+
+
+def test_an_id_listed_twice_in_one_call_is_registered_once(session_and_config: tuple[Any, Any]) -> None:
+    session, config = session_and_config
+    store = CassandraScheduleStore(session, config)
+    assert register_many(store, [job("twice"), job("once"), job("twice")], 1_900_000_000_000) == ["twice"]
+    assert sorted(r.job.id for r in store.list_jobs()) == ["once", "twice"]
+
+
+def test_an_id_held_by_a_registration_that_died_is_taken_over_after_the_grace(
+    session_and_config: tuple[Any, Any],
+) -> None:
+    session, config = session_and_config
+    store = CassandraScheduleStore(session, config)
+    now = 1_900_000_000_000
+    claim = session.prepare(
+        f"INSERT INTO {config.keyspace}.job_ids (bucket, job_id, owner, claimed_at_ms) VALUES (?, ?, 'dead', ?)"
+    )
+    # Claimed, its job never written: one just now, one past the grace.
+    session.execute(claim, (bucket_of("recent"), "recent", now - 1_000))
+    session.execute(claim, (bucket_of("stale"), "stale", now - REGISTERING_GRACE_MS - 1))
+    with pytest.raises(JobExists):
+        store.add_job(job("recent"), 0, 0, far_run(), now)
+    assert register_many(store, [job("recent"), job("stale")], now) == ["recent"]
+    assert store.get_job("stale").state == "active"
+    assert [r.job.id for r in store.list_jobs()] == ["stale"]
+
+
+def test_jobs_registered_before_ids_were_claimed_keep_their_ids(session_and_config: tuple[Any, Any]) -> None:
+    """A keyspace whose jobs predate the id table: ensure_schema claims
+    their ids once, so that none is registered a second time."""
+    session, config = session_and_config
+    ks = config.keyspace
+    session.execute(
+        f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
+        " VALUES ('older', %s, 'active', 0, 0, 1, 1)",
+        (job("older").model_dump_json(),),
+    )
+    session.execute(f"DELETE FROM {ks}.meta WHERE name = 'job_ids_backfilled'")
+    ensure_schema(session, config, 1_900_000_000_000)
+    store = CassandraScheduleStore(session, config)
+    assert register_many(store, [job("older"), job("newer")], 1_900_000_000_000) == ["older"]
+    with pytest.raises(JobExists):
+        store.add_job(job("older"), 0, 0, far_run(), 1_900_000_000_000)

@@ -32,10 +32,9 @@ was being written (AHEAD_OF_WATERMARK_MS, _keep_ahead).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout
@@ -82,6 +81,7 @@ from pysched.protocols import (
 )
 from pysched.records import DispatchRecord, idempotency_key, run_id_for
 from pysched.stores import cassandra_breakers as breaker_tables
+from pysched.stores import cassandra_job_ids as job_id_tables
 from pysched.stores import cassandra_slots as slot_tables
 
 log = logging.getLogger("pysched.cassandra")
@@ -101,12 +101,16 @@ WATERMARK_STEP_MS = 5_000
 # once; to that leader it is due within about NEAR_MS, whatever the
 # registrant's clock said.
 AHEAD_OF_WATERMARK_MS = NEAR_MS + SETTLE_MS
-# A registration that died half-way holds its id this long.
-REGISTERING_GRACE_MS = 60_000
-# A registration's lightweight transaction that timed out is tried this many
-# times in all; whether a timed-out one applied is read from the row it left.
+# A lightweight transaction that timed out is tried this many times in all.
 _CAS_ATTEMPTS = 5
 _AMBIGUOUS = (WriteTimeout, OperationTimedOut)
+# A registration's job rows and first runs go in logged batches of about
+# this many bytes: Cassandra warns of a batch over 5 KiB (and fails one
+# over 50 KiB: a spec that large goes in a batch of its own).
+_REGISTRATION_BATCH_BYTES = 4_500
+# What a job's rows weigh in a batch besides its spec (as Cassandra counts
+# it: about 530 bytes measured, with room).
+_ROWS_BYTES = 600
 _FINISHED = frozenset({"succeeded", "failed", "cancelled", "missed"})
 # How often a registration's run is placed ahead of a watermark that keeps
 # passing it while it is written.
@@ -219,6 +223,7 @@ SCHEMA = [
     # The run's last checkpoint, written under the claim (claims/redis_cassandra).
     "ALTER TABLE {ks}.claims ADD IF NOT EXISTS (checkpoint text)",
     "CREATE TABLE IF NOT EXISTS {ks}.meta (name text PRIMARY KEY, value int)",
+    *job_id_tables.SCHEMA,
     *breaker_tables.SCHEMA,
     *slot_tables.SCHEMA,
 ]
@@ -239,6 +244,7 @@ def ensure_schema(session: Session, config: ClusterConfig, now_ms: int) -> int:
     # what its nodes led; a configuration that names a count knows better.
     unrecorded = config.partitions or (max(known) + 1 if known else DEFAULT_PARTITIONS)
     partitions = _settle_partitions(session, config.keyspace, unrecorded)
+    job_id_tables.backfill(session, config.keyspace)
     if config.partitions is not None and config.partitions != partitions:
         raise PartitionsMismatch(f"keyspace {config.keyspace!r}", config.partitions, partitions)
     missing = [p for p in range(partitions) if p not in known]
@@ -294,6 +300,15 @@ def _delivery(row: Any) -> int:
     return int(row.delivery if row.delivery is not None else row.attempt or 0)
 
 
+@dataclass(frozen=True)
+class _Registered:
+    """What a registration did: each job stored (its state and first run),
+    and each id already taken (the state of the job there)."""
+
+    stored: dict[str, tuple[str, PlannedRun | None]]
+    existing: dict[str, str]
+
+
 class CassandraScheduleStore:
     def __init__(self, session: Session, config: ClusterConfig) -> None:
         self.session = session
@@ -306,17 +321,13 @@ class CassandraScheduleStore:
         self.partitions = stored
         self.keyspace = ks = config.keyspace
         p = session.prepare
-        self._insert_job = p(
-            f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
-            " VALUES (?, ?, 'registering', ?, ?, ?, ?) IF NOT EXISTS"
+        # A registration's job row, written whole once its id is claimed
+        # (cassandra_job_ids), in one logged batch with its first run.
+        self._write_job = p(
+            f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms,"
+            " next_run_at_ms, next_due_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        self._retake_job = p(
-            f"UPDATE {ks}.jobs SET spec = ?, partition = ?, jitter_ms = ?, created_at_ms = ?, updated_at_ms = ?"
-            " WHERE job_id = ? IF state = 'registering' AND updated_at_ms = ?"
-        )
-        self._activate_job = p(
-            f"UPDATE {ks}.jobs SET state = ?, next_run_at_ms = ?, next_due_ms = ?, updated_at_ms = ? WHERE job_id = ?"
-        )
+        self._job_ids = job_id_tables.JobIdClaims(session, ks)
         self._get_job = p(
             f"SELECT job_id, spec, state, partition, jitter_ms, created_at_ms, next_run_at_ms, next_due_ms,"
             f" updated_at_ms FROM {ks}.jobs WHERE job_id = ?"
@@ -505,120 +516,106 @@ class CassandraScheduleStore:
 
     # -- registration ---------------------------------------------------------
 
-    def _claim_ids(self, rows: Sequence[tuple[str, str, int, int, int, int]]) -> list[Any]:
-        """Insert-if-absent each job row (id, spec, partition, jitter, created,
-        updated): None where this call inserted it, else the row in the way.
-
-        A lightweight transaction that times out may or may not have applied
-        (a cold or busy node): it is tried again, and a row found in the way
-        that is this very registration (same spec, same registration time,
-        still registering) is taken as inserted."""
-        outcome: list[Any] = [None] * len(rows)
-        pending = list(range(len(rows)))
-        for attempt in range(_CAS_ATTEMPTS):
-            results = execute_concurrent_with_args(
-                self.session, self._insert_job, [rows[i] for i in pending], concurrency=128, raise_on_first_error=False
-            )
-            retry: list[int] = []
-            for i, (ok, result) in zip(pending, results, strict=True):
-                if not ok:
-                    if isinstance(result, _AMBIGUOUS) and attempt + 1 < _CAS_ATTEMPTS:
-                        retry.append(i)
-                        continue
-                    raise result
-                if result.was_applied:
-                    continue
-                current = result.one()
-                _, spec, _, _, _, updated_at_ms = rows[i]
-                ours = current.state == "registering" and current.spec == spec
-                if not (ours and current.updated_at_ms == updated_at_ms and attempt > 0):
-                    outcome[i] = current
-            if not retry:
-                return outcome
-            log.warning("registering %d jobs again after a timed-out lightweight transaction", len(retry))
-            time.sleep(0.2 * 2**attempt)
-            pending = retry
-        raise AssertionError("unreachable: the last attempt raises")
-
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
-        spec = job.model_dump_json()
-        (current,) = self._claim_ids([(job.id, spec, partition, jitter_ms, now_ms, now_ms)])
-        if current is not None:
-            if current.state != "registering" or current.updated_at_ms > now_ms - REGISTERING_GRACE_MS:
-                raise JobExists.for_state(job.id, current.state)
-            # A registration that died half-way: take its place.
-            retake = self.session.execute(
-                self._retake_job, (spec, partition, jitter_ms, now_ms, now_ms, job.id, current.updated_at_ms)
-            )
-            if not retake.was_applied:
-                raise JobExists(f"job {job.id!r} already exists")
-        # Read now, right before the write: the later, the fewer runs the
-        # watermark passes while they are written (_keep_ahead).
-        marks = self.watermarks()
-        planned = self._not_before_now(first, now_ms)
-        first = _ahead_of(planned, marks.get(partition))
-        state = "active" if first else "completed"
-        # One logged batch: the run's rows and the job's activation land
-        # together or not at all, so an active job always has its next run.
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
-        if first is not None:
-            self._add_run_rows(batch, job.id, partition, first)
-        batch.add(
-            self._activate_job,
-            (state, first.run_at_ms if first else None, first.due_ms if first else None, now_ms, job.id),
-        )
-        self.session.execute(batch)
-        # A run placed ahead of the watermark is due about now to the leader.
-        if is_near(first, now_ms) or first != planned:
-            self.session.execute(self._bump, (partition,))
-        if first is not None:
-            first = self._keep_ahead({job.id: (partition, first)}).get(job.id, first)
-        return JobRecord(job, state, partition, jitter_ms, now_ms, first)
+        outcome = self._register([(job, partition, jitter_ms, first)], now_ms)
+        if job.id in outcome.existing:
+            raise JobExists.for_state(job.id, outcome.existing[job.id])
+        state, run = outcome.stored[job.id]
+        return JobRecord(job, state, partition, jitter_ms, now_ms, run)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
-        """Many registrations, pipelined: the claims on the ids first (each a
-        lightweight transaction), then one logged batch per new job."""
-        in_the_way = self._claim_ids(
-            [
-                (job.id, job.model_dump_json(), partition, jitter_ms, now_ms, now_ms)
-                for job, partition, jitter_ms, _ in items
-            ]
-        )
-        existing: list[str] = []
-        batches = []
-        partitions: set[int] = set()
-        placed: dict[str, tuple[int, PlannedRun]] = {}
-        # One read for the whole call (see add_job).
+        existing = self._register(items, now_ms).existing
+        # As one transaction would: an id listed again after its first is
+        # an existing job by then.
+        seen: set[str] = set()
+        out: list[str] = []
+        for job, *_ in items:
+            if job.id in existing or job.id in seen:
+                out.append(job.id)
+            seen.add(job.id)
+        return out
+
+    def _register(self, items: Sequence[Registration], now_ms: int) -> _Registered:
+        """Claim the jobs' ids (cassandra_job_ids: a Paxos round per bucket
+        of ids, not per job), then write each job claimed with its first run
+        in logged batches, so that an active job always has its next run.
+        An id listed twice is registered as its first listing says."""
+        owner = self._job_ids.new_owner()
+        firsts: dict[str, Registration] = {}
+        for item in items:
+            firsts.setdefault(item[0].id, item)
+        held = self._job_ids.claim(list(firsts), owner, now_ms)
+        existing = self._in_the_way(held, owner, now_ms)
+        # Read now, right before the writes: the later, the fewer runs the
+        # watermark passes while they are written (_keep_ahead).
         marks = self.watermarks()
-        for (job, partition, _, first), current in zip(items, in_the_way, strict=True):
-            if current is not None:
-                existing.append(job.id)
+        stored: dict[str, tuple[str, PlannedRun | None]] = {}
+        placed: dict[str, tuple[int, PlannedRun]] = {}
+        partitions: set[int] = set()
+        batches: list[tuple[BatchStatement, None]] = []
+        batch, size = BatchStatement(batch_type=BatchType.LOGGED), 0
+        for job_id, (job, partition, jitter_ms, first) in firsts.items():
+            if job_id in existing:
                 continue
             planned = self._not_before_now(first, now_ms)
             first = _ahead_of(planned, marks.get(partition))
-            if first is not None:
-                placed[job.id] = (partition, first)
-            batch = BatchStatement(batch_type=BatchType.LOGGED)
-            if first is not None:
-                self._add_run_rows(batch, job.id, partition, first)
+            state = "active" if first else "completed"
+            spec = job.model_dump_json()
+            if size and size + len(spec) > _REGISTRATION_BATCH_BYTES:
+                batches.append((batch, None))
+                batch, size = BatchStatement(batch_type=BatchType.LOGGED), 0
             batch.add(
-                self._activate_job,
+                self._write_job,
                 (
-                    "active" if first else "completed",
+                    job_id,
+                    spec,
+                    state,
+                    partition,
+                    jitter_ms,
+                    now_ms,
+                    now_ms,
                     first.run_at_ms if first else None,
                     first.due_ms if first else None,
-                    now_ms,
-                    job.id,
                 ),
             )
-            batches.append((batch, None))
+            size += len(spec) + _ROWS_BYTES
+            if first is not None:
+                self._add_run_rows(batch, job_id, partition, first)
+                placed[job_id] = (partition, first)
+            stored[job_id] = (state, first)
+            # A run placed ahead of the watermark is due about now to the leader.
             if is_near(first, now_ms) or first != planned:
                 partitions.add(partition)
+        if size:
+            batches.append((batch, None))
         for ok, result in execute_concurrent(self.session, batches, concurrency=128):
             if not ok:
                 raise result
         self._concurrent(self._bump, [(p,) for p in sorted(partitions)])
-        self._keep_ahead(placed)
+        for job_id, run in self._keep_ahead(placed).items():
+            stored[job_id] = (stored[job_id][0], run)
+        return _Registered(stored, existing)
+
+    def _in_the_way(self, held: Mapping[str, job_id_tables.HeldId], owner: str, now_ms: int) -> dict[str, str]:
+        """Of the ids another registration holds, those whose job exists or
+        whose registration may still be writing it, each with its job's
+        state; an id held past the grace by a registration that died before
+        writing its job is taken over."""
+        if not held:
+            return {}
+        ids = list(held)
+        rows = execute_concurrent_with_args(self.session, self._job_state, [(j,) for j in ids], concurrency=64)
+        existing: dict[str, str] = {}
+        for job_id, (ok, result) in zip(ids, rows, strict=True):
+            if not ok:
+                raise result
+            row = result.one()
+            # A "registering" row: left by a version that wrote the job row
+            # first and activated it after.
+            written = row is not None and row.state != "registering"
+            stale = held[job_id].claimed_at_ms <= now_ms - job_id_tables.REGISTERING_GRACE_MS
+            if written or not stale or not self._job_ids.take_over(held[job_id], owner, now_ms):
+                existing[job_id] = row.state if row is not None else "registering"
         return existing
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
