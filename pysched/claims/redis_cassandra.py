@@ -61,6 +61,7 @@ from pysched.config import ClusterConfig
 from pysched.coord.run_leases import EtcdRunLeases, Holding
 from pysched.protocols import Claim, ClaimHolder, ClaimOutcome
 from pysched.records import DispatchRecord
+from pysched.stores.cassandra_rows import applied
 
 # A floor key is a hash: ``floor``, and ``unverified`` (an epoch) while no
 # claim has confirmed it against Cassandra since Redis last lost it. Fences
@@ -205,7 +206,7 @@ class RedisCassandraClaims:
             return Claim(ClaimOutcome.SUCCEEDED, result=row.result if row else None, fence_floor=floor)
         # Redis let us through; Cassandra decides.
         res = self.session.execute(self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms))
-        if res.was_applied:
+        if applied(res):
             return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
         return self._contend(res.one(), record, holder, now_ms, lease_ms, floor)
 
@@ -225,7 +226,7 @@ class RedisCassandraClaims:
         floor = record.fence
         key = record.idempotency_key
         res = self.session.execute(self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms))
-        if res.was_applied:
+        if applied(res):
             return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
         return self._contend(res.one(), record, holder, now_ms, lease_ms, floor)
 
@@ -253,7 +254,7 @@ class RedisCassandraClaims:
             self._take_over,
             (holder, record.fence, now_ms + lease_ms, now_ms, key, row.state, row.holder, row.lease_expires_ms),
         )
-        if res.was_applied:
+        if applied(res):
             # Read once the claim is ours: the former holder can no longer
             # write one, so this is its last.
             saved = self.session.execute(self._read_checkpoint, (key,)).one()
@@ -277,7 +278,7 @@ class RedisCassandraClaims:
                 # Taken while the row is still this holder's: from now on no
                 # taker passes the key. If the row is not, it was taken over
                 # before (this worker stalled past its first lease).
-                if self.session.execute(self._extend, (now_ms + lease_ms, now_ms, key, holder)).was_applied:
+                if applied(self.session.execute(self._extend, (now_ms + lease_ms, now_ms, key, holder))):
                     holding = Holding.HELD
                 else:
                     self.run_leases.let_go([key])
@@ -299,7 +300,7 @@ class RedisCassandraClaims:
         except Exception as exc:
             # The outcome is written; the key goes at the next heartbeat.
             log.warning("could not delete the etcd key of %s, will retry: %s", key, exc)
-        if not res.was_applied:
+        if not applied(res):
             return  # no longer ours: whoever took over decides
         if succeeded:
             self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S)
@@ -323,7 +324,7 @@ class RedisCassandraClaims:
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         # A lightweight transaction on the claim's row: a take-over and this
         # write are ordered by Paxos, and only the holder's is applied.
-        return bool(self.session.execute(self._save_checkpoint, (state, now_ms, key, holder)).was_applied)
+        return applied(self.session.execute(self._save_checkpoint, (state, now_ms, key, holder)))
 
     def raise_fence(self, partition: int, fence: int) -> None:
         # Cassandra first: a verified Redis floor relies on every raise that

@@ -83,6 +83,7 @@ from pysched.records import DispatchRecord, idempotency_key, run_id_for
 from pysched.stores import cassandra_breakers as breaker_tables
 from pysched.stores import cassandra_job_ids as job_id_tables
 from pysched.stores import cassandra_slots as slot_tables
+from pysched.stores.cassandra_rows import applied, named_rows
 
 log = logging.getLogger("pysched.cassandra")
 
@@ -156,6 +157,7 @@ def connect(config: ClusterConfig) -> Session:
         serial_consistency_level=ConsistencyLevel.SERIAL,
         retry_policy=RetryPolicy(),
         request_timeout=15,
+        row_factory=named_rows,
     )
     cluster = Cluster(
         [host],
@@ -640,7 +642,7 @@ class CassandraScheduleStore:
                 job.id,
             ),
         )
-        if not res.was_applied:
+        if not applied(res):
             raise JobNotActive(f"job {job.id!r} is {res.one().state}")
         if current.next_run_at_ms is not None and (first is None or first.run_at_ms != current.next_run_at_ms):
             self._drop_pending(job.id, current.partition, current.next_run_at_ms, current.next_due_ms, now_ms)
@@ -654,7 +656,7 @@ class CassandraScheduleStore:
         if current.state == "cancelled":
             raise JobNotActive(f"job {job_id!r} is already cancelled")
         res = self.session.execute(self._set_job_state, ("cancelled", now_ms, job_id, current.state))
-        if not res.was_applied:
+        if not applied(res):
             raise JobNotActive(f"job {job_id!r} changed while cancelling; try again")
         if current.next_run_at_ms is not None:
             self._drop_pending(job_id, current.partition, current.next_run_at_ms, current.next_due_ms, now_ms)
@@ -666,7 +668,7 @@ class CassandraScheduleStore:
         if current.state != "active":
             raise JobNotActive(f"job {job_id!r} is {current.state}, not active")
         res = self.session.execute(self._pause_job, (now_ms, job_id))
-        if not res.was_applied:
+        if not applied(res):
             raise JobNotActive(f"job {job_id!r} is {res.one().state}, not active")
         if current.next_run_at_ms is not None:
             # Out of the schedule, so no leader reads it again; its run row
@@ -697,7 +699,7 @@ class CassandraScheduleStore:
                 job_id,
             ),
         )
-        if not res.was_applied:
+        if not applied(res):
             raise JobNotActive(f"job {job_id!r} is {res.one().state}, not paused")
         held = current.next_run_at_ms
         if held is not None and (first is None or first.run_at_ms != held):

@@ -16,6 +16,7 @@ from typing import Any
 from cassandra.cluster import Session
 
 from pysched.protocols import AttemptCount, BreakerRow
+from pysched.stores.cassandra_rows import applied
 
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.breakers (downstream text PRIMARY KEY, version int, state text, failures int,"
@@ -63,7 +64,7 @@ class CassandraBreakers:
         else:
             args = (expected_version + 1, *values, row.downstream, expected_version)
             result = self.session.execute(self._update, args)
-        return bool(result.was_applied)
+        return applied(result)
 
     def record_attempts(self, count: AttemptCount) -> None:
         self.session.execute(

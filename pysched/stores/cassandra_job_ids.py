@@ -30,6 +30,8 @@ from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
 from cassandra.query import BatchStatement, BatchType
 
+from pysched.stores.cassandra_rows import applied
+
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.job_ids (bucket int, job_id text, owner text, claimed_at_ms bigint,"
     " PRIMARY KEY ((bucket), job_id))",
@@ -133,7 +135,7 @@ class JobIdClaims:
                         timed_out = True
                         continue
                     raise result
-                if result.was_applied:
+                if applied(result):
                     continue
                 taken = _taken(result.current_rows)
                 if not taken:
@@ -163,7 +165,7 @@ class JobIdClaims:
                 if attempt + 1 == CAS_ATTEMPTS:
                     raise
                 continue
-            if res.was_applied:
+            if applied(res):
                 return True
             row = res.one()
             # Our own take-over, applied by a try that timed out.

@@ -20,6 +20,7 @@ from pysched import overlap
 from pysched.model import Overlap
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.records import DispatchRecord
+from pysched.stores.cassandra_rows import applied
 
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.running_slots (job_id text PRIMARY KEY, idem_key text, holder text,"
@@ -82,7 +83,7 @@ class CassandraSlots:
             slot = self.running_slot(hold.job_id)
             if slot is None or not overlap.released(slot, hold):
                 return
-            if self.session.execute(self._delete, (hold.job_id, slot.version)).was_applied:
+            if applied(self.session.execute(self._delete, (hold.job_id, slot.version))):
                 if slot.waiting is not None:
                     self._wake(slot.waiting, now_ms)
                 return
@@ -95,7 +96,7 @@ class CassandraSlots:
             result = self.session.execute(self._insert, (write.job_id, *values, write.version))
         else:
             result = self.session.execute(self._update, (*values, write.version, write.job_id, read.version))
-        return bool(result.was_applied)
+        return applied(result)
 
 
 def _slot(r: Any) -> RunningSlot:
