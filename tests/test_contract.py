@@ -156,6 +156,17 @@ def test_bulk_registration_skips_existing_ids(backend: Backend) -> None:
     assert [d for _, d in due(backend, T0 + 60_000, 1, T0)] == [T0 + 10_000, T0 + 30_000, T0 + 40_000]
 
 
+def test_bulk_registration_keeps_the_first_of_an_id_listed_twice(backend: Backend) -> None:
+    items = [
+        (once_job("b", T0 + 30_000), 1, 0, PlannedRun(T0 + 30_000, T0 + 30_000)),
+        (cron_job("a"), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000)),
+        (once_job("b", T0 + 50_000), 2, 0, PlannedRun(T0 + 50_000, T0 + 50_000)),
+    ]
+    assert backend.store.add_jobs(items, T0) == ["b"]
+    assert [j.job.id for j in backend.store.list_jobs()] == ["a", "b"]
+    assert [d for _, d in due(backend, T0 + 60_000, 1, T0)] == [T0 + 10_000, T0 + 30_000]
+
+
 def test_duplicate_id_changes_nothing(backend: Backend) -> None:
     backend.store.add_job(cron_job(), 1, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
     versions = backend.store.change_versions()
