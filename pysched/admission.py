@@ -40,8 +40,14 @@ class JobRejected(ValueError):
         self.message = message
 
 
+# Made once: json.dumps with separators builds an encoder per call, a third
+# of a bulk registration's admission time.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def payload_bytes(payload: object) -> int:
-    return len(json.dumps(payload, separators=(",", ":")).encode())
+    # ASCII (non-ASCII is escaped), so its characters are its bytes.
+    return len(_COMPACT_JSON.encode(payload))
 
 
 def admit(job: Job, now_ms: int) -> None:
