@@ -147,5 +147,6 @@ def burst(n: int, repeat: int, config: str | None, nodes: int, workers: int) -> 
         "start": {k: median_of(k, "start") for k in keys},
         "peak_rss_mb": median_of("peak_rss_mb"),
         "register_s": statistics.median(r["register_s"] for r in runs),
+        "register_write_s": statistics.median(r["register_write_s"] for r in runs),
         "runs": runs,
     }
