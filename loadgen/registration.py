@@ -82,8 +82,9 @@ class Attempt:
     build_s: float
     written: int = 0  # jobs registered so far
     register_s: float = 0.0
-    # Of register_s, the time in the scheduler's registration calls: the
-    # rest is the load generator making job models out of its stored JSON.
+    # Of register_s, the time in the scheduler's registration calls (with
+    # opening the attempt's database, once): the rest is the load generator
+    # making job models out of its stored JSON.
     write_s: float = 0.0
 
     @property

@@ -35,7 +35,8 @@ def clean_column_name(name: str) -> str:
 @lru_cache(maxsize=1024)
 def _row_type(column_names: tuple[str, ...]) -> Any:
     # rename: a name that is no identifier (a keyword, two columns cleaned
-    # to one name) becomes positional, as in the driver's fallback.
+    # to one name) becomes positional (_0, _1, ...), where the driver's
+    # fallback names it otherwise; no query of pysched selects such a name.
     return namedtuple("Row", [clean_column_name(name) for name in column_names], rename=True)
 
 
