@@ -89,8 +89,8 @@ class SQLiteScheduleStore:
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
         # The ids already taken are read once, under the write lock, so the
-        # rest go in as two statements run over every row (about half the
-        # time of a statement per row); an id given twice keeps its first.
+        # rest go in as two statements run over every row, not two a job; an
+        # id given twice keeps its first.
         existing: list[str] = []
         fresh: list[Registration] = []
         with self.db.transaction() as conn:
@@ -770,14 +770,6 @@ class SQLiteScheduleStore:
         return deleted
 
     # -- helpers --------------------------------------------------------------
-
-    @staticmethod
-    def _insert_run(conn: sqlite3.Connection, job_id: str, partition: int, run: PlannedRun) -> int | None:
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO runs (job_id, run_at_ms, due_ms, partition, state) VALUES (?, ?, ?, ?, 'scheduled')",
-            (job_id, run.run_at_ms, run.due_ms, partition),
-        )
-        return cur.lastrowid if cur.rowcount == 1 else None
 
     @staticmethod
     def _bump(conn: sqlite3.Connection, partition: int) -> None:
