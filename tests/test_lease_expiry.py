@@ -9,9 +9,11 @@ from pathlib import Path
 from pysched import native
 from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
+from pysched.leader.recording import record_sent
 from pysched.model import Job
 from pysched.node import open_embedded
 from pysched.protocols import ClaimOutcome
+from pysched.records import DispatchRecord
 from pysched.registry import register
 
 T0 = 1_700_000_040_000
@@ -63,4 +65,54 @@ def test_a_dead_workers_run_is_handed_on_again_when_its_lease_runs_out(tmp_path:
     claim = backends.claims.claim(again, "worker/2", clock.now_ms(), LEASE_MS)
     assert claim.outcome is ClaimOutcome.TAKEN_OVER
     assert backends.store.run_started(again, "worker", clock.now_ms()) == 1
+    backends.close()
+
+
+def test_a_run_handed_on_again_is_not_owed_again_until_its_new_delivery_dies_or_the_fence_moves(
+    tmp_path: Path,
+) -> None:
+    backends = open_embedded(tmp_path / "pysched.db", partitions=4, lease_ttl_ms=1_000)
+    store = backends.store
+    job = Job.model_validate(
+        {
+            "id": "long",
+            "schedule": {"kind": "once", "run_at_ms": T0 + 1_000},
+            "target": {"kind": "shell", "command": "true"},
+        }
+    )
+    register(store, job, T0)
+    fences = backends.coordinator.poll("leader", T0)
+    assert fences
+
+    def owed(at_ms: int, under: dict[int, int]) -> list[int]:
+        return [row.attempt for row in store.due_runs(under, at_ms + 60_000, at_ms)]
+
+    def hand_on(at_ms: int, under: dict[int, int]) -> DispatchRecord:
+        rows = store.due_runs(under, at_ms + 60_000, at_ms)
+        record_sent(store, rows, under, {}, at_ms)
+        return native.decode(native.encode_batch(rows, under[rows[0].partition], at_ms)[0])
+
+    first = hand_on(T0 + 1_000, fences)
+    started = T0 + 1_100
+    backends.claims.claim(first, "worker/1", started, LEASE_MS)
+    assert store.run_started(first, "worker", started) == 1
+    assert owed(started + LEASE_MS - 1, fences) == []  # its worker may be alive
+    # Its worker died: owed again once the lease ran out, as the next delivery.
+    expired = started + LEASE_MS + 1
+    assert owed(expired, fences) == [2]
+    second = hand_on(expired, fences)
+    # That delivery waits in this leader's queue: a read meanwhile owes nothing.
+    assert owed(expired + 20_000, fences) == []
+    # Taken over and dead again: owed again once the new lease ran out.
+    taken = expired + 100
+    assert backends.claims.claim(second, "worker/2", taken, LEASE_MS).outcome is ClaimOutcome.TAKEN_OVER
+    assert store.run_started(second, "worker", taken) == 1
+    assert owed(taken + LEASE_MS - 1, fences) == []
+    assert owed(taken + LEASE_MS + 1, fences) == [3]
+    hand_on(taken + LEASE_MS + 1, fences)
+    assert owed(taken + LEASE_MS + 2_000, fences) == []
+    # A newer leader's queue does not hold that delivery: owed to it.
+    newer = backends.coordinator.poll("newer", taken + LEASE_MS + 5_000)
+    assert newer and all(newer[p] > fences[p] for p in fences)
+    assert owed(taken + LEASE_MS + 5_000, newer) == [4]
     backends.close()

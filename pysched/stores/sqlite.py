@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -45,16 +46,21 @@ from pysched.stores.sqlite_db import SQLiteDatabase
 # it again as the next delivery. An interrupted run was let go of by its worker,
 # claim and all, and is owed again, whatever its fence; so is a failed run
 # retrying, at its retry's due time, and a run parked by its downstream's
-# breaker, at the time it was parked until.
+# breaker, at the time it was parked until. A running run handed on again
+# after its lease ran out is, like a dispatched one, in a queue of this
+# leader's until its next delivery takes the claim over: not owed again
+# at every read meanwhile, but again under a newer fence.
 _ELIGIBLE = """(
     runs.state IN ('scheduled', 'interrupted', 'retrying', 'parked')
     OR (runs.state = 'dispatched' AND runs.fence < :fence)
     OR (runs.state = 'running' AND EXISTS (
         SELECT 1 FROM claims c WHERE c.run_id = runs.run_id
-        AND (c.state != 'running' OR c.lease_expires_ms < :now)))
+        AND (c.state != 'running' OR (c.lease_expires_ms < :now
+            AND (runs.fence < :fence OR runs.dispatched_at_ms < c.lease_expires_ms)))))
 )"""
 
-_ELIGIBLE_QMARK = _ELIGIBLE.replace(":fence", "?").replace(":now", "?")
+_ELIGIBLE_QMARK = re.sub(":(fence|now)", "?", _ELIGIBLE)
+_ELIGIBLE_NAMES = re.findall(":(fence|now)", _ELIGIBLE)  # in the order of the marks
 
 # protocols.shown_attempt, in SQL.
 _RUN_COLUMNS = (
@@ -322,7 +328,7 @@ class SQLiteScheduleStore:
             .execute(
                 f"SELECT run_id, job_id, run_at_ms, due_ms, partition, delivery + 1, attempt_group FROM runs"
                 f" WHERE due_ms < ? AND partition IN ({marks}) AND {_ELIGIBLE_QMARK} ORDER BY due_ms, run_id",
-                [horizon_ms, *fences, fence, now_ms],
+                [horizon_ms, *fences, *({"fence": fence, "now": now_ms}[n] for n in _ELIGIBLE_NAMES)],
             )
             .fetchall()
         )
