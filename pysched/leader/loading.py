@@ -6,6 +6,7 @@ and alone touches the wheel."""
 
 from __future__ import annotations
 
+import bisect
 import queue
 import threading
 from collections.abc import Callable
@@ -14,6 +15,10 @@ from dataclasses import dataclass
 from pysched.leader.config import LeaderConfig
 from pysched.leader.guard import guarded
 from pysched.protocols import Run, ScheduleStore
+
+# How often the sweep reads, at most: the fewer partitions a read takes,
+# the less a run due meanwhile waits behind it.
+_SWEEP_READ_EVERY_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -24,13 +29,20 @@ class Loaded:
     rows: list[Run]
     horizon: int
     generation: int  # hand-overs of planned runs taken before the read began
-    idle: bool  # a full reload: also the time to prune what the leader keeps
+    idle: bool  # a periodic read: also the time to prune what the leader keeps of these partitions
     read_at: int  # the read began no earlier
 
 
 class Loader:
-    """Reads every ``reload_every``, at once after partitions were gained
-    (``reload_all``), and for the partitions whose jobs changed."""
+    """Reads every partition led at once after partitions were gained
+    (``reload_all``), those whose jobs changed, and each of them again
+    within every ``reload_every_ms``: a sweep of a few partitions at a time.
+
+    The sweep is the safety net (a run registered too far ahead to send a
+    change notice, a run whose lease ran out). Read all at once, it took
+    the whole horizon (40,000 runs on a busy node) in one go every 30 s,
+    and the runs due meanwhile waited behind it; in slices, no read is
+    more than a few partitions'."""
 
     def __init__(
         self,
@@ -45,9 +57,11 @@ class Loader:
         self._generation = generation
         self.loaded: queue.SimpleQueue[Loaded] = queue.SimpleQueue()
         self._reload_all = threading.Event()
-        self._next_reload = self._next_change_poll = 0
+        self._reload_all.set()
+        self._next_sweep = self._next_change_poll = 0
+        self._swept_last = -1  # the partition the sweep read last
         self._versions: dict[int, int] = {}
-        self._read_through = 0  # when the last read of every partition began
+        self._read_at: dict[int, int] = {}  # partition -> when its last read began
         self._next_lease_check = 0
 
     def reload_all(self) -> None:
@@ -60,23 +74,33 @@ class Loader:
         fences = self._fences()
         if not fences:
             return False
-        if self._reload_all.is_set() or now >= self._next_reload:
+        if self._reload_all.is_set():
             self._reload_all.clear()
             if guarded(lambda: self._read(fences, now, idle=True)):
-                self._next_reload = now + cfg.reload_every_ms
-                self._read_through = now
+                self._next_sweep = now + self._sweep_every(len(fences))
                 return True
             self._reload_all.set()
+            return False
+        if now >= self._next_sweep:
+            part = self._sweep_slice(fences)
+            if guarded(lambda: self._read(part, now, idle=True)):
+                self._swept_last = next(reversed(part))
+                # Kept to its beat, so that a sweep of many reads is not
+                # later by a step's wait for each of them.
+                every = self._sweep_every(len(fences))
+                self._next_sweep = (self._next_sweep if now - self._next_sweep < every else now) + every
+                return True
             return False
         if now >= self._next_lease_check:
             # A run whose worker died is owed again once its lease runs out:
             # read then, so it is handed on within the lease, not up to a
-            # periodic read later. Only leases run out since the last read:
-            # that read found the others.
+            # sweep later. Only leases run out since every partition was
+            # last read: those reads found the others.
             self._next_lease_check = now + cfg.lease_check_ms
-            expiry = guarded(lambda: self.store.next_lease_expiry(fences, self._read_through))
+            read_through = min(self._read_at.get(p, 0) for p in fences)
+            expiry = guarded(lambda: self.store.next_lease_expiry(fences, read_through))
             if expiry is not None and expiry < now:
-                self._next_reload = now
+                self._reload_all.set()
                 return False
         if now < self._next_change_poll:
             return False
@@ -93,9 +117,29 @@ class Loader:
             return True
         return False
 
+    def _sweep_every(self, partitions: int) -> int:
+        """The wait between two sweep reads: one a second at most, and the
+        whole sweep within ``reload_every_ms``."""
+        reads = -(-partitions // self._sweep_size(partitions))
+        return self.config.reload_every_ms // reads
+
+    def _sweep_size(self, partitions: int) -> int:
+        reads = max(1, self.config.reload_every_ms // _SWEEP_READ_EVERY_MS)
+        return -(-partitions // reads)
+
+    def _sweep_slice(self, fences: dict[int, int]) -> dict[int, int]:
+        """The next few partitions led after the one swept last, in order,
+        round again from the lowest."""
+        led = sorted(fences)
+        size = self._sweep_size(len(led))
+        after = bisect.bisect_right(led, self._swept_last)
+        part = (led[after:] + led[:after])[:size]
+        return {p: fences[p] for p in part}
+
     def _read(self, fences: dict[int, int], now: int, idle: bool) -> bool:
         generation = self._generation()
         horizon = now + self.config.horizon_ms
         rows = self.store.due_runs(fences, horizon, now)
         self.loaded.put(Loaded(fences, rows, horizon, generation, idle, now))
+        self._read_at.update(dict.fromkeys(fences, now))
         return True
