@@ -13,6 +13,7 @@ import contextlib
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +42,10 @@ class TappedDispatcher(InProcessDispatcher):
 
     def __init__(self) -> None:
         super().__init__()
-        self.handed: list[tuple[int, Sequence[bytes]]] = []
+        # Appended by the leader's thread, taken by the observer's: one deque
+        # for good. Swapped for an empty list at each look, it lost a batch
+        # the leader appended to the list the observer had already read.
+        self.handed: deque[tuple[int, Sequence[bytes]]] = deque()
 
     def publish(self, partitions: Sequence[int], payloads: Sequence[bytes]) -> None:
         super().publish(partitions, payloads)
@@ -49,8 +53,9 @@ class TappedDispatcher(InProcessDispatcher):
 
     def observe(self, observed: Observed) -> None:
         # Decoded after the fact: nothing but a timestamp on the hot path.
-        handed, self.handed = self.handed, []
-        for at, batch in handed:
+        handed = self.handed
+        while handed:
+            at, batch = handed.popleft()
             for payload in batch:
                 observed.saw_dispatch(native.decode(payload).idempotency_key, at)
 

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from loadgen.measure import Observed, percentiles, report
+from loadgen.runner import TappedDispatcher
 from loadgen.shapes import Load, spike_jobs, sustain_jobs, sustain_recurring
 from pysched import native
 from pysched.catchup import next_run
 from pysched.planning import first_run, jitter_for
+from pysched.protocols import Run
 
 LOADGEN = [sys.executable, "-m", "loadgen"]
 T = 1_800_000_000_000
@@ -169,3 +171,17 @@ def test_an_instant_the_user_chose_too_close_is_an_error() -> None:
 def test_bad_input_is_named(args: list[str], message: str) -> None:
     proc = subprocess.run([*LOADGEN, *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_a_batch_handed_over_while_the_observer_looks_is_seen() -> None:
+    tap = TappedDispatcher()
+    runs = [Run(k, f"job-{k}", 1_000, 1_000, 0, 1, 0) for k in (1, 2)]
+    first, second = native.encode_batch(runs, 1, 1_000)
+    observed = Observed({native.decode(p).idempotency_key: 1_000 for p in (first, second)})
+    tap.publish([0], [first])
+    held = tap.handed  # the leader's thread has the queue in hand to append to it,
+    tap.observe(observed)  # the observer takes what was handed over,
+    held.append((1_001, [second]))  # and the leader's append lands
+    tap.observe(observed)
+    assert observed.dispatched.keys() == observed.expected.keys()
+    assert observed.dispatched[native.decode(second).idempotency_key] == 1_001
