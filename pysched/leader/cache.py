@@ -17,7 +17,10 @@ from pysched.leader.lane import CatchUpLane
 from pysched.leader.loading import Loaded
 from pysched.protocols import SETTLE_MS, Run
 
-_UNSENT = (-1, -1)
+# Past this many, the runs the recorder planned are pruned of those since
+# sent (and twice as many as were kept then): no pass over them all at
+# every read of a few partitions.
+_BORN_PRUNED_PAST = 4_096
 
 
 class RunCache:
@@ -28,11 +31,14 @@ class RunCache:
         # run_id -> the run, for the runs in the wheel: kept in the shape the
         # codec takes, so a burst converts nothing when it fires.
         self._pending: dict[int, Run] = {}
+        # partition -> the ids of its runs put in the wheel, some since taken:
+        # a read of a few partitions looks at their runs alone.
+        self._put: dict[int, set[int]] = {}
         # Runs handed on that the store may still return: a reload that finds
         # one again at the same attempt (its watermark trails, its record is
         # still being written) must not resend it; at a later attempt (its
         # worker's lease died, a new fence) it is a new delivery.
-        self._sent: dict[int, tuple[int, int]] = {}  # run_id -> (attempt, partition)
+        self._sent: dict[int, dict[int, int]] = {}  # partition -> run_id -> attempt
         # Runs due but not yet handed on (overdue when loaded, or a failed
         # publish), by run id: a reload during an outage finds them again and
         # must not queue a second copy.
@@ -42,6 +48,7 @@ class RunCache:
         # their absence from it for a cancellation.
         self.generation = 0
         self._born: dict[int, int] = {}
+        self._born_pruned_past = _BORN_PRUNED_PAST
         # Per partition led under its current fence, when the last read of it
         # that reached the wheel began: every run of the partition the store
         # held then, due by then, has been sent once the ticks pass it. A
@@ -62,14 +69,13 @@ class RunCache:
         fresh = {row.run_id for row in rows}
         # Runs that left the store (cancelled, rescheduled) leave the wheel;
         # runs planned after the read began are not in it and stay.
-        gone = [
-            r
-            for r, row in self._pending.items()
-            if row.partition in current and r not in fresh and self._born.get(r, -1) <= loaded.generation
-        ]
-        for run_id in gone:
-            self._wheel.cancel(run_id)
-            del self._pending[run_id]
+        for p in current:
+            put = {r for r in self._put.get(p, ()) if r in self._pending}
+            gone = [r for r in put if r not in fresh and self._born.get(r, -1) <= loaded.generation]
+            for run_id in gone:
+                self._wheel.cancel(run_id)
+                del self._pending[run_id]
+            self._put[p] = put.difference(gone)
         self.lane.drop(
             [
                 row.run_id
@@ -79,7 +85,7 @@ class RunCache:
                 and self._born.get(row.run_id, -1) <= loaded.generation
             ]
         )
-        self._add([row for row in rows if self._sent.get(row.run_id, _UNSENT)[0] != row.attempt], loaded.horizon)
+        self._add([row for row in rows if self._sent_attempt(row) != row.attempt], loaded.horizon)
         for p in current:
             self._read_at[p] = max(self._read_at.get(p, loaded.read_at), loaded.read_at)
         if loaded.idle:
@@ -87,8 +93,12 @@ class RunCache:
             # after a while: a watermark held back by a slow store would
             # otherwise bring back, and resend, everything sent since.
             read = {row.run_id for row in loaded.rows}
-            self._sent = {r: s for r, s in self._sent.items() if r in read or s[1] not in loaded.fences}
+            for p in loaded.fences:
+                if p in self._sent:
+                    self._sent[p] = {r: a for r, a in self._sent[p].items() if r in read}
+        if len(self._born) > self._born_pruned_past:
             self._born = {r: g for r, g in self._born.items() if r in self._pending or r in self.lane}
+            self._born_pruned_past = max(_BORN_PRUNED_PAST, 2 * len(self._born))
 
     def add_planned(self, planned: list[Run], fences: dict[int, int], horizon: int) -> None:
         """The next runs the recorder planned, those due within ``horizon``."""
@@ -103,7 +113,7 @@ class RunCache:
             for row in planned
             if row.due_ms < horizon
             and row.partition in fences
-            and row.run_id not in self._sent
+            and row.run_id not in self._sent.get(row.partition, ())
             and row.run_id not in self.lane
         ]
         self._born.update(dict.fromkeys([row.run_id for row in near], self.generation))
@@ -136,7 +146,16 @@ class RunCache:
         self._overdue = {row.run_id: row for row in rows} | self._overdue
 
     def sent(self, rows: list[Run]) -> None:
-        self._sent.update((row.run_id, (row.attempt, row.partition)) for row in rows)
+        sent = self._sent
+        for row in rows:
+            by_run = sent.get(row.partition)
+            if by_run is None:
+                by_run = sent[row.partition] = {}
+            by_run[row.run_id] = row.attempt
+
+    def _sent_attempt(self, row: Run) -> int:
+        by_run = self._sent.get(row.partition)
+        return -1 if by_run is None else by_run.get(row.run_id, -1)
 
     def forget(self, partitions: Collection[int]) -> None:
         """Partitions lost or led under a new fence: what was read and sent
@@ -145,10 +164,10 @@ class RunCache:
         self.lane.forget(partitions)
         for p in partitions:
             self._read_at.pop(p, None)
-        self._sent = {r: s for r, s in self._sent.items() if s[1] not in partitions}
-        for run_id in [r for r, row in self._pending.items() if row.partition in partitions]:
-            self._wheel.cancel(run_id)
-            del self._pending[run_id]
+            self._sent.pop(p, None)
+            for run_id in self._put.pop(p, ()):
+                if self._pending.pop(run_id, None) is not None:
+                    self._wheel.cancel(run_id)
         self._overdue = {r: row for r, row in self._overdue.items() if row.partition not in partitions}
 
     def marks(self, fences: dict[int, int], now: int) -> dict[int, int]:
@@ -159,6 +178,12 @@ class RunCache:
 
     def _add(self, rows: list[Run], horizon: int) -> None:
         self._pending.update((row.run_id, row) for row in rows)
+        put = self._put
+        for run in rows:
+            ids = put.get(run.partition)
+            if ids is None:
+                ids = put[run.partition] = set()
+            ids.add(run.run_id)
         handles, due = native.load_page(rows, horizon)
         expired = self._wheel.insert_batch(handles, due)
         for run_id in expired.tolist():
