@@ -116,3 +116,33 @@ def test_a_run_handed_on_again_is_not_owed_again_until_its_new_delivery_dies_or_
     assert newer and all(newer[p] > fences[p] for p in fences)
     assert owed(taken + LEASE_MS + 5_000, newer) == [4]
     backends.close()
+
+
+def test_a_run_started_before_its_hand_on_was_recorded_is_owed_after_a_restart(tmp_path: Path) -> None:
+    # The worker's start can land before the leader records the hand-on
+    # (recording is off the tick thread); the node then dies unrecorded.
+    backends = open_embedded(tmp_path / "pysched.db", partitions=4, lease_ttl_ms=1_000)
+    store = backends.store
+    job = Job.model_validate(
+        {
+            "id": "early",
+            "schedule": {"kind": "once", "run_at_ms": T0 + 1_000},
+            "target": {"kind": "shell", "command": "true"},
+        }
+    )
+    register(store, job, T0)
+    fences = backends.coordinator.poll("leader", T0)
+    assert fences
+    rows = store.due_runs(fences, T0 + 60_000, T0 + 1_000)
+    record = native.decode(native.encode_batch(rows, fences[rows[0].partition], T0 + 1_000)[0])
+    started = T0 + 1_100
+    backends.claims.claim(record, "worker/1", started, LEASE_MS)
+    assert store.run_started(record, "worker", started) == 1
+    # Restarted past the worker's lease, under a newer fence: owed again.
+    later = started + LEASE_MS + 1_000
+    newer = backends.coordinator.poll("restarted", later)
+    assert newer and all(newer[p] > fences[p] for p in fences)
+    assert [row.attempt for row in store.due_runs(newer, later + 60_000, later)] == [2]
+    # Under the same fence too: nothing says a delivery is waiting for it.
+    assert [row.attempt for row in store.due_runs(fences, later + 60_000, later)] == [2]
+    backends.close()

@@ -92,8 +92,9 @@ class SQLiteClaims:
 
     def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
         # Nothing to ask: the embedded store hands nothing back (a run sent
-        # under an older fence, or started by a claim that ran out, is
-        # eligible again by its state), so no start needs discounting.
+        # under an older fence, or started by a claim that ran out and not
+        # yet handed on again, is eligible again by its state:
+        # stores/sqlite.py _ELIGIBLE), so no start needs discounting.
         return None
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:

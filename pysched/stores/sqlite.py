@@ -49,14 +49,17 @@ from pysched.stores.sqlite_db import SQLiteDatabase
 # breaker, at the time it was parked until. A running run handed on again
 # after its lease ran out is, like a dispatched one, in a queue of this
 # leader's until its next delivery takes the claim over: not owed again
-# at every read meanwhile, but again under a newer fence.
+# at every read meanwhile, but again under a newer fence. One whose hand-on
+# was never recorded (its worker started it first, and the node died) has
+# neither: nothing says a delivery waits for it, so it is owed.
 _ELIGIBLE = """(
     runs.state IN ('scheduled', 'interrupted', 'retrying', 'parked')
     OR (runs.state = 'dispatched' AND runs.fence < :fence)
     OR (runs.state = 'running' AND EXISTS (
         SELECT 1 FROM claims c WHERE c.run_id = runs.run_id
         AND (c.state != 'running' OR (c.lease_expires_ms < :now
-            AND (runs.fence < :fence OR runs.dispatched_at_ms < c.lease_expires_ms)))))
+            AND (coalesce(runs.fence, -1) < :fence
+                OR coalesce(runs.dispatched_at_ms, -1) < c.lease_expires_ms)))))
 )"""
 
 _ELIGIBLE_QMARK = re.sub(":(fence|now)", "?", _ELIGIBLE)
@@ -292,7 +295,8 @@ class SQLiteScheduleStore:
     def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         # Nothing to do: a run dispatched under an older fence is eligible
         # again for the leader of a newer one (_ELIGIBLE), and so is one
-        # marked running whose claim has ended or run out.
+        # marked running whose claim has ended or run out (until it is
+        # handed on again under the current fence).
         return False
 
     def raise_fence(self, partition: int, fence: int) -> None:
