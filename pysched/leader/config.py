@@ -30,14 +30,14 @@ class LeaderConfig:
     catch_up_rate: int = DEFAULT_CATCH_UP_RATE
 
     def __post_init__(self) -> None:
-        # Registrations due later than NEAR_MS send no change notice: the
-        # periodic reload must come round before they are due.
         if self.catch_up_rate < 1:
             raise ValueError(f"catch_up_rate must be at least 1 run a second; got {self.catch_up_rate}")
+        # Registrations due later than NEAR_MS send no change notice: the
+        # periodic read of their partition must come round before they are due.
         if self.reload_every_ms >= NEAR_MS or self.horizon_ms < NEAR_MS:
             raise ValueError(
                 f"reload_every_ms must be under {NEAR_MS} and horizon_ms at least {NEAR_MS}:"
-                " runs registered further ahead are found by the periodic reload alone"
+                " runs registered further ahead are found by the periodic read alone"
             )
 
     def backoff_ms(self, failures: int) -> int:
