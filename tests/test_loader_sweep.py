@@ -22,36 +22,61 @@ PARTITIONS = 64
 
 
 class ReadsSeen:
-    """The store, noting which partitions each read of due runs took."""
+    """The store, noting which partitions each read of due runs took; its
+    reads fail while ``down`` (start, end) holds the time read at."""
 
-    def __init__(self, store: ScheduleStore) -> None:
+    def __init__(self, store: ScheduleStore, down: tuple[int, int] = (0, 0)) -> None:
         self.store = store
+        self.down = down
         self.reads: list[tuple[int, frozenset[int]]] = []
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.store, name)
 
     def due_runs(self, fences: Fences, horizon_ms: int, now_ms: int) -> list[Run]:
+        if self.down[0] <= now_ms < self.down[1]:
+            raise TimeoutError("the store is down")
         self.reads.append((now_ms, frozenset(fences)))
         return self.store.due_runs(fences, horizon_ms, now_ms)
 
 
-def test_each_partition_is_read_again_within_reload_every_ms_a_few_at_a_time(tmp_path: Path) -> None:
+def sweep(tmp_path: Path, end: int, down: tuple[int, int] = (0, 0)) -> ReadsSeen:
     backends = open_embedded(tmp_path / "pysched.db", partitions=PARTITIONS)
-    store = ReadsSeen(backends.store)
+    store = ReadsSeen(backends.store, down)
     fences = {p: 1 for p in range(PARTITIONS)}
     config = LeaderConfig()
     loader = Loader(store, config, lambda: fences, lambda: 0)  # type: ignore[arg-type]
-    end = T0 + 3 * config.reload_every_ms
     for now in range(T0, end, config.change_poll_ms):
         loader.step(now)
-    first, *sweep = store.reads
-    assert first == (T0, frozenset(fences))  # at start, all at once
-    assert sweep and max(len(parts) for _, parts in sweep) <= 3
-    for p in fences:
-        times = [T0] + [at for at, parts in sweep if p in parts] + [end]
-        assert max(b - a for a, b in pairwise(times)) <= config.reload_every_ms, p
     backends.close()
+    return store
+
+
+def read_times(store: ReadsSeen, partition: int, end: int) -> list[int]:
+    return [at for at, parts in store.reads if partition in parts] + [end]
+
+
+def test_each_partition_is_read_again_within_reload_every_ms_a_few_at_a_time(tmp_path: Path) -> None:
+    reload_every = LeaderConfig().reload_every_ms
+    end = T0 + 3 * reload_every
+    store = sweep(tmp_path, end)
+    first, *rest = store.reads
+    assert first == (T0, frozenset(range(PARTITIONS)))  # at start, all at once
+    assert rest and max(len(parts) for _, parts in rest) <= 3
+    for p in range(PARTITIONS):
+        assert max(b - a for a, b in pairwise(read_times(store, p, end))) <= reload_every, p
+
+
+def test_a_sweep_held_up_by_a_store_outage_catches_up_at_once(tmp_path: Path) -> None:
+    reload_every = LeaderConfig().reload_every_ms
+    end = T0 + 3 * reload_every
+    down = (T0 + 5_000, T0 + 40_000)
+    store = sweep(tmp_path, end, down)
+    back = min(at for at, _ in store.reads if at >= down[1])
+    for p in range(PARTITIONS):
+        for a, b in pairwise(read_times(store, p, end)):
+            # Only a gap the outage made is longer, and it ends when the store is back.
+            assert b - a <= reload_every or (a < down[0] and b == back), (p, a - T0, b - T0)
 
 
 def test_a_run_registered_too_far_ahead_for_a_change_notice_fires_on_time(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ and alone touches the wheel."""
 
 from __future__ import annotations
 
-import bisect
 import queue
 import threading
 from collections.abc import Callable
@@ -59,7 +58,6 @@ class Loader:
         self._reload_all = threading.Event()
         self._reload_all.set()
         self._next_sweep = self._next_change_poll = 0
-        self._swept_last = -1  # the partition the sweep read last
         self._versions: dict[int, int] = {}
         self._read_at: dict[int, int] = {}  # partition -> when its last read began
         self._next_lease_check = 0
@@ -82,13 +80,13 @@ class Loader:
             self._reload_all.set()
             return False
         if now >= self._next_sweep:
-            part = self._sweep_slice(fences)
+            # Kept to its beat, so that a sweep of many reads is not later
+            # by a step's wait for each of them.
+            every = self._sweep_every(len(fences))
+            beat = self._next_sweep if now - self._next_sweep < every else now
+            part = self._sweep_slice(fences, beat + every)
             if guarded(lambda: self._read(part, now, idle=True)):
-                self._swept_last = next(reversed(part))
-                # Kept to its beat, so that a sweep of many reads is not
-                # later by a step's wait for each of them.
-                every = self._sweep_every(len(fences))
-                self._next_sweep = (self._next_sweep if now - self._next_sweep < every else now) + every
+                self._next_sweep = beat + every
                 return True
             return False
         if now >= self._next_lease_check:
@@ -118,23 +116,27 @@ class Loader:
         return False
 
     def _sweep_every(self, partitions: int) -> int:
-        """The wait between two sweep reads: one a second at most, and the
-        whole sweep within ``reload_every_ms``."""
+        """The wait between two sweep reads: about a second (no more than
+        ``reload_every_ms``), and the whole sweep within ``reload_every_ms``."""
         reads = -(-partitions // self._sweep_size(partitions))
-        return self.config.reload_every_ms // reads
+        # Each read may come a step (change_poll_ms) after its beat.
+        return max(1, (self.config.reload_every_ms - self.config.change_poll_ms) // reads)
 
     def _sweep_size(self, partitions: int) -> int:
         reads = max(1, self.config.reload_every_ms // _SWEEP_READ_EVERY_MS)
         return -(-partitions // reads)
 
-    def _sweep_slice(self, fences: dict[int, int]) -> dict[int, int]:
-        """The next few partitions led after the one swept last, in order,
-        round again from the lowest."""
-        led = sorted(fences)
-        size = self._sweep_size(len(led))
-        after = bisect.bisect_right(led, self._swept_last)
-        part = (led[after:] + led[:after])[:size]
-        return {p: fences[p] for p in part}
+    def _sweep_slice(self, fences: dict[int, int], next_beat: int) -> dict[int, int]:
+        """The few partitions led read longest ago; more when some would
+        go unread past ``reload_every_ms`` by the next sweep read (a store
+        that stalled, a read that failed): a late sweep catches up, it
+        does not stretch."""
+        cfg = self.config
+        read_at = self._read_at
+        led = sorted(fences, key=lambda p: (read_at.get(p, -1), p))
+        overdue_by_next = next_beat + cfg.change_poll_ms - cfg.reload_every_ms
+        behind = sum(1 for p in led if read_at.get(p, -1) < overdue_by_next)
+        return {p: fences[p] for p in led[: max(self._sweep_size(len(led)), behind)]}
 
     def _read(self, fences: dict[int, int], now: int, idle: bool) -> bool:
         generation = self._generation()
