@@ -11,7 +11,7 @@ from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
 from pysched.leader.recording import record_sent
 from pysched.model import Job
-from pysched.node import open_embedded
+from pysched.node import EmbeddedBackends, open_embedded
 from pysched.protocols import ClaimOutcome
 from pysched.records import DispatchRecord
 from pysched.registry import register
@@ -68,21 +68,27 @@ def test_a_dead_workers_run_is_handed_on_again_when_its_lease_runs_out(tmp_path:
     backends.close()
 
 
-def test_a_run_handed_on_again_is_not_owed_again_until_its_new_delivery_dies_or_the_fence_moves(
-    tmp_path: Path,
-) -> None:
+def one_shot_led(tmp_path: Path, job_id: str) -> tuple[EmbeddedBackends, dict[int, int]]:
+    """A database with one one-shot due at T0 + 1 s, and a leader's fences."""
     backends = open_embedded(tmp_path / "pysched.db", partitions=4, lease_ttl_ms=1_000)
-    store = backends.store
     job = Job.model_validate(
         {
-            "id": "long",
+            "id": job_id,
             "schedule": {"kind": "once", "run_at_ms": T0 + 1_000},
             "target": {"kind": "shell", "command": "true"},
         }
     )
-    register(store, job, T0)
+    register(backends.store, job, T0)
     fences = backends.coordinator.poll("leader", T0)
     assert fences
+    return backends, fences
+
+
+def test_a_run_handed_on_again_is_not_owed_again_until_its_new_delivery_dies_or_the_fence_moves(
+    tmp_path: Path,
+) -> None:
+    backends, fences = one_shot_led(tmp_path, "long")
+    store = backends.store
 
     def owed(at_ms: int, under: dict[int, int]) -> list[int]:
         return [row.attempt for row in store.due_runs(under, at_ms + 60_000, at_ms)]
@@ -121,18 +127,8 @@ def test_a_run_handed_on_again_is_not_owed_again_until_its_new_delivery_dies_or_
 def test_a_run_started_before_its_hand_on_was_recorded_is_owed_after_a_restart(tmp_path: Path) -> None:
     # The worker's start can land before the leader records the hand-on
     # (recording is off the tick thread); the node then dies unrecorded.
-    backends = open_embedded(tmp_path / "pysched.db", partitions=4, lease_ttl_ms=1_000)
+    backends, fences = one_shot_led(tmp_path, "early")
     store = backends.store
-    job = Job.model_validate(
-        {
-            "id": "early",
-            "schedule": {"kind": "once", "run_at_ms": T0 + 1_000},
-            "target": {"kind": "shell", "command": "true"},
-        }
-    )
-    register(store, job, T0)
-    fences = backends.coordinator.poll("leader", T0)
-    assert fences
     rows = store.due_runs(fences, T0 + 60_000, T0 + 1_000)
     record = native.decode(native.encode_batch(rows, fences[rows[0].partition], T0 + 1_000)[0])
     started = T0 + 1_100
