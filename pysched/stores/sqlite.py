@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -61,9 +60,6 @@ _ELIGIBLE = """(
             AND (coalesce(runs.fence, -1) < :fence
                 OR coalesce(runs.dispatched_at_ms, -1) < c.lease_expires_ms)))))
 )"""
-
-_ELIGIBLE_QMARK = re.sub(":(fence|now)", "?", _ELIGIBLE)
-_ELIGIBLE_NAMES = re.findall(":(fence|now)", _ELIGIBLE)  # in the order of the marks
 
 # protocols.shown_attempt, in SQL.
 _RUN_COLUMNS = (
@@ -326,13 +322,13 @@ class SQLiteScheduleStore:
             return []
         # One node leads every partition here; its fence is the term.
         fence = max(fences.values())
-        marks = ",".join("?" * len(fences))
         rows = (
             self.db.connection()
             .execute(
-                f"SELECT run_id, job_id, run_at_ms, due_ms, partition, delivery + 1, attempt_group FROM runs"
-                f" WHERE due_ms < ? AND partition IN ({marks}) AND {_ELIGIBLE_QMARK} ORDER BY due_ms, run_id",
-                [horizon_ms, *fences, *({"fence": fence, "now": now_ms}[n] for n in _ELIGIBLE_NAMES)],
+                "SELECT run_id, job_id, run_at_ms, due_ms, partition, delivery + 1, attempt_group FROM runs"
+                " WHERE due_ms < :horizon AND partition IN (SELECT value FROM json_each(:partitions))"
+                f" AND {_ELIGIBLE} ORDER BY due_ms, run_id",
+                {"horizon": horizon_ms, "partitions": json.dumps(list(fences)), "fence": fence, "now": now_ms},
             )
             .fetchall()
         )
