@@ -7,6 +7,7 @@ began is not taken for cancelled by that read."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Collection
 from itertools import repeat
 
@@ -33,12 +34,12 @@ class RunCache:
         self._pending: dict[int, Run] = {}
         # partition -> the ids of its runs put in the wheel, some since taken:
         # a read of a few partitions looks at their runs alone.
-        self._put: dict[int, set[int]] = {}
+        self._put: defaultdict[int, set[int]] = defaultdict(set)
         # Runs handed on that the store may still return: a reload that finds
         # one again at the same attempt (its watermark trails, its record is
         # still being written) must not resend it; at a later attempt (its
         # worker's lease died, a new fence) it is a new delivery.
-        self._sent: dict[int, dict[int, int]] = {}  # partition -> run_id -> attempt
+        self._sent: defaultdict[int, dict[int, int]] = defaultdict(dict)  # partition -> run_id -> attempt
         # Runs due but not yet handed on (overdue when loaded, or a failed
         # publish), by run id: a reload during an outage finds them again and
         # must not queue a second copy.
@@ -148,10 +149,7 @@ class RunCache:
     def sent(self, rows: list[Run]) -> None:
         sent = self._sent
         for row in rows:
-            by_run = sent.get(row.partition)
-            if by_run is None:
-                by_run = sent[row.partition] = {}
-            by_run[row.run_id] = row.attempt
+            sent[row.partition][row.run_id] = row.attempt
 
     def _sent_attempt(self, row: Run) -> int:
         by_run = self._sent.get(row.partition)
@@ -180,10 +178,7 @@ class RunCache:
         self._pending.update((row.run_id, row) for row in rows)
         put = self._put
         for run in rows:
-            ids = put.get(run.partition)
-            if ids is None:
-                ids = put[run.partition] = set()
-            ids.add(run.run_id)
+            put[run.partition].add(run.run_id)
         handles, due = native.load_page(rows, horizon)
         expired = self._wheel.insert_batch(handles, due)
         for run_id in expired.tolist():
