@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from pysched.cli import breakers, catchup, deadletters, jobs, node, preview
+from pysched.cli import breakers, catchup, deadletters, jobs, node, preview, sync
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -22,6 +22,7 @@ preview.register_commands(app)
 deadletters.register_commands(app)
 breakers.register_commands(app)
 catchup.register_commands(app)
+sync.register_commands(app)
 
 
 def main() -> None:

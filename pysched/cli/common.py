@@ -7,32 +7,28 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
-from pysched.catchup import count_missed
+from pysched.client import Client
 from pysched.clock import SystemClock
 from pysched.config import ClusterConfig, ConfigError
 from pysched.config import load as load_config
 from pysched.coord.local import scheduler_seen
-from pysched.model import Job
+from pysched.problems import InvalidJob
 from pysched.protocols import (
-    MISSED_REASONS,
     FailedAttempt,
     JobRecord,
-    MissedRuns,
     PartitionsMismatch,
     RunRecord,
     ScheduleStore,
 )
 from pysched.stores.sqlite import SQLiteScheduleStore
-from pysched.stores.sqlite_db import Access, DatabaseUnusable, SQLiteDatabase
+from pysched.stores.sqlite_db import Access, DatabaseUnusable
 
 DbOption = Annotated[
     str,
@@ -83,21 +79,6 @@ FLAG_FOR_FIELD = {
     "target.args": "--temporal-args",
     "target.namespace": "--temporal-namespace",
 }
-ID_RULE = "ASCII letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit"
-# (field, pydantic error type) -> what would be accepted, in words.
-_WORDS = {
-    ("id", "string_pattern_mismatch"): ID_RULE,
-    ("target.ref", "string_pattern_mismatch"): "module:function, for example myjobs:report",
-    ("target.workflow", "string_pattern_mismatch"): "a workflow type name, without surrounding spaces",
-    ("target.workflow", "string_too_short"): "a workflow type name, without surrounding spaces",
-    ("target.task_queue", "string_pattern_mismatch"): "a task queue name, without surrounding spaces",
-    ("target.task_queue", "string_too_short"): "a task queue name, without surrounding spaces",
-    ("target.namespace", "string_pattern_mismatch"): "a Temporal namespace: letters, digits, '.', '_' or '-'",
-    ("payload", "dict_type"): "must be a JSON object",
-    ("jitter_window_s", "finite_number"): "seconds, a number from 0 to 3600",
-    ("jitter_window_s", "greater_than_equal"): "seconds, a number from 0 to 3600",
-    ("jitter_window_s", "less_than_equal"): "seconds, a number from 0 to 3600",
-}
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -109,17 +90,9 @@ def flag_for(field: str) -> str:
     return FLAG_FOR_FIELD.get(field, field)
 
 
-def fail_validation(exc: ValidationError) -> NoReturn:
-    """Name the field as the user gave it: '--cron: Bad minute in ...'."""
-    lines = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"] if p not in ("cron", "once", "shell", "python", "http", "temporal"))
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if msg.startswith("expr: "):
-            field, msg = f"{field}.expr" if field else "expr", msg.removeprefix("expr: ")
-        msg = _WORDS.get((field, str(err["type"])), msg)
-        lines.append(f"{flag_for(field)}: {msg}" if field else msg)
-    fail("; ".join(lines))
+def fail_invalid(exc: InvalidJob) -> NoReturn:
+    """Name each field as the user gave it: '--cron: Bad minute in ...'."""
+    fail("; ".join(f"{flag_for(p.field)}: {p.message}" if p.field else p.message for p in exc.problems))
 
 
 def cluster_config(path: str) -> ClusterConfig:
@@ -129,26 +102,38 @@ def cluster_config(path: str) -> ClusterConfig:
         fail(f"--config: {exc}")
 
 
-def open_store(db: str, config: str | None = None, *, access: Access) -> ScheduleStore:
-    """The embedded database, or the cluster's store when --config is given.
-    Only a command that can start a database (access "create") makes a
-    file; an unusable file or an unreachable server is an error naming it,
-    not a traceback, and so is a configuration whose partition count is
-    not the keyspace's."""
-    try:
-        if config is None:
-            return SQLiteScheduleStore(SQLiteDatabase(db, access=access))
-        from pysched.node import open_cluster_store
+def unopened_client(db: str, config: str | None = None, *, access: Access) -> Client:
+    """A client whose store is not opened yet: a job can be checked first,
+    and a refused one creates no file."""
+    return Client(None if config is not None else db, config=config, clock=CLOCK, access=access)
 
-        store, close = open_cluster_store(cluster_config(config), clock=CLOCK)
-        atexit.register(close)
-        return store
+
+def open_client(db: str, config: str | None = None, *, access: Access) -> Client:
+    """The embedded database, or the cluster's store when --config is given,
+    opened now. Only a command that can start a database (access "create")
+    makes a file; an unusable file or an unreachable server is an error
+    naming it, not a traceback, and so is a configuration whose partition
+    count is not the keyspace's."""
+    return opened(unopened_client(db, config, access=access))
+
+
+def opened(client: Client) -> Client:
+    try:
+        client.store  # noqa: B018  (opens it)
     except DatabaseUnusable as exc:
         fail(f"--db {exc}")
+    except ConfigError as exc:
+        fail(f"--config: {exc}")
     except PartitionsMismatch as exc:
-        fail(f"--config: {config}: {exc}")
+        fail(f"--config: {client.config}: {exc}")
     except (OSError, ConnectionError) as exc:
         fail(str(exc))
+    atexit.register(client.close)
+    return client
+
+
+def open_store(db: str, config: str | None = None, *, access: Access) -> ScheduleStore:
+    return open_client(db, config, access=access).store
 
 
 def warn_without_scheduler(store: ScheduleStore, db: str) -> None:
@@ -200,15 +185,6 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
         "next_run_at": iso(rec.next_run.run_at_ms) if rec.next_run else None,
         "next_due_at": iso(rec.next_run.due_ms) if rec.next_run else None,
     }
-
-
-def missed_json(job: Job, missed: Sequence[MissedRuns]) -> dict[str, int]:
-    """The schedule times a job missed, counted by reason (every reason,
-    zero when none)."""
-    counts = dict.fromkeys(MISSED_REASONS, 0)
-    for span in missed:
-        counts[span.reason] = counts.get(span.reason, 0) + count_missed(job, span)
-    return counts
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:

@@ -12,43 +12,40 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.table import Table
 
 from pysched import cron
-from pysched.admission import MAX_AHEAD_MS, MAX_AHEAD_YEARS, PAYLOAD_LIMIT_BYTES, JobRejected, admit
+from pysched.admission import MAX_AHEAD_MS, MAX_AHEAD_YEARS, PAYLOAD_LIMIT_BYTES
 from pysched.cli.common import (
     CLOCK,
     DEFAULT_DB,
     EXIT_NO_SUCH_JOB,
-    ID_RULE,
     ConfigOption,
     DbOption,
     JsonOption,
     console,
     echo_json,
     fail,
-    fail_validation,
-    flag_for,
+    fail_invalid,
     iso,
     job_json,
-    missed_json,
-    open_store,
+    open_client,
+    opened,
     run_json,
+    unopened_client,
     warn_without_scheduler,
 )
+from pysched.client import Client
 from pysched.model import (
     CATCH_UP_POLICIES,
     DEFAULT_MAX_DELAY_S,
     OVERLAP_POLICIES,
     CronSchedule,
     Job,
-    OnceSchedule,
     RetryPolicy,
 )
-from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord, ScheduleStore
-from pysched.registry import register, reschedule
-from pysched.registry import resume as resume_job
+from pysched.problems import ID_RULE, InvalidJob
+from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
 
 
 def _now_ms() -> int:
@@ -393,41 +390,30 @@ def add(
         spec["overlap"] = overlap
     if payload is not None:
         spec["payload"] = _payload(payload)
+    client = unopened_client(db, config, access="create")
     try:
-        job = Job.model_validate(spec)
         # Before the database is opened: a refused job creates no file.
-        now = _now_ms()
-        admit(job, now)
-    except ValidationError as exc:
-        fail_validation(exc)
-    except JobRejected as exc:
-        fail(f"{flag_for(exc.field)}: {exc.message}")
-    store = open_store(db, config, access="create")
-    try:
-        rec = register(store, job, now)
-    except JobRejected as exc:
-        fail(f"{flag_for(exc.field)}: {exc.message}")
+        job = client.check(spec)
+        rec = opened(client).add(job)
+    except InvalidJob as exc:
+        fail_invalid(exc)
     except JobExists as exc:
         fail(f"id: {exc}")
     _print_job(rec, as_json, "added")
-    warn_without_scheduler(store, db)
+    warn_without_scheduler(client.store, db)
 
 
 def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """List jobs: the schedule's state (active, completed: no runs to come,
     cancelled) and, apart from it, how the last run handed on went."""
-    store = open_store(db, config, access="read")
-    records = store.list_jobs()
-    last = store.last_runs([r.job.id for r in records])
+    client = open_client(db, config, access="read")
+    records = client.ls()
+    last = client.last_runs([r.job.id for r in records])
     if as_json:
-        missed = store.missed_runs([r.job.id for r in records])
+        missed = client.missed(records)
         echo_json(
             [
-                {
-                    **job_json(r),
-                    "last_run": _last_run_json(last.get(r.job.id)),
-                    "missed": missed_json(r.job, missed.get(r.job.id, [])),
-                }
+                {**job_json(r), "last_run": _last_run_json(last.get(r.job.id)), "missed": missed[r.job.id]}
                 for r in records
             ]
         )
@@ -461,14 +447,14 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Show one job."""
-    store = open_store(db, config, access="read")
+    client = open_client(db, config, access="read")
     try:
-        rec = store.get_job(job_id)
+        rec = client.get(job_id)
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     data = job_json(rec)
-    data["last_run"] = _last_run_json(store.last_runs([job_id]).get(job_id))
-    data["missed"] = missed_json(rec.job, store.missed_runs([job_id]).get(job_id, []))
+    data["last_run"] = _last_run_json(client.last_runs([job_id]).get(job_id))
+    data["missed"] = client.missed([rec])[job_id]
     if as_json:
         echo_json(data)
         return
@@ -490,7 +476,7 @@ def history(
     """Runs of a job, newest first: when each was handed on (fire lag) and
     when it started (start lag) against its due time, and its output."""
     try:
-        runs = open_store(db, config, access="read").history(job_id, limit)
+        runs = open_client(db, config, access="read").history(job_id, limit)
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     if as_json:
@@ -508,13 +494,11 @@ def history(
     console().print(table)
 
 
-def _change_job(
-    change: Callable[[ScheduleStore, str, int], JobRecord], job_id: str, db: str, config: str | None
-) -> JobRecord:
+def _change_job(change: Callable[[Client, str], JobRecord], job_id: str, db: str, config: str | None) -> JobRecord:
     """One change of a job's state: exit 3 for an unknown job, 2 for one
     not in the state the change needs."""
     try:
-        return change(open_store(db, config, access="write"), job_id, _now_ms())
+        return change(open_client(db, config, access="write"), job_id)
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     except JobNotActive as exc:
@@ -528,7 +512,7 @@ def cancel(
     as_json: JsonOption = False,
 ) -> None:
     """Cancel a job's pending runs; its history stays."""
-    rec = _change_job(lambda store, job, now: store.cancel_job(job, now), job_id, db, config)
+    rec = _change_job(Client.cancel, job_id, db, config)
     _print_job(rec, as_json, "cancelled")
 
 
@@ -540,7 +524,7 @@ def pause(
 ) -> None:
     """Stop a job firing until `pysched resume`; the times it passes over
     are counted missed (paused)."""
-    rec = _change_job(lambda store, job, now: store.pause_job(job, now), job_id, db, config)
+    rec = _change_job(Client.pause, job_id, db, config)
     _print_job(rec, as_json, "paused")
 
 
@@ -552,7 +536,7 @@ def resume(
 ) -> None:
     """Let a paused job fire again; what it missed follows its --catch-up
     policy (run_once: one run now for the times passed over)."""
-    _print_job(_change_job(resume_job, job_id, db, config), as_json, "resumed")
+    _print_job(_change_job(Client.resume, job_id, db, config), as_json, "resumed")
 
 
 def reschedule_cmd(
@@ -567,22 +551,16 @@ def reschedule_cmd(
 ) -> None:
     """Give a job a new schedule; pending runs are replaced. A new --cron
     keeps the job's time zone unless --tz is given."""
-    store = open_store(db, config, access="write")
+    client = open_client(db, config, access="write")
     try:
-        current = store.get_job(job_id).job.schedule
+        current = client.get(job_id).job.schedule
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     spec = _schedule(cron_expr, tz, at, in_s, keep_tz=current.tz if isinstance(current, CronSchedule) else "UTC")
     try:
-        schedule: CronSchedule | OnceSchedule = (
-            CronSchedule.model_validate(spec) if spec["kind"] == "cron" else OnceSchedule.model_validate(spec)
-        )
-    except ValidationError as exc:
-        fail_validation(exc)
-    try:
-        rec = reschedule(store, job_id, schedule, _now_ms())
-    except JobRejected as exc:
-        fail(f"{flag_for(exc.field)}: {exc.message}")
+        rec = client.reschedule(job_id, spec)
+    except InvalidJob as exc:
+        fail_invalid(exc)
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     except JobNotActive as exc:

@@ -1,0 +1,97 @@
+"""`pysched sync MODULE`: the store made to hold the module's declared jobs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pysched.cli.common import (
+    DEFAULT_DB,
+    ConfigOption,
+    DbOption,
+    JsonOption,
+    echo_json,
+    fail,
+    open_client,
+    warn_without_scheduler,
+)
+from pysched.declare import InvalidDeclaration
+from pysched.problems import InvalidJob
+from pysched.protocols import JobExists
+from pysched.sync import SyncReport, import_declarations
+
+
+def sync(
+    module: Annotated[
+        str, typer.Argument(metavar="MODULE", help="Python module whose @pysched.job functions are the jobs.")
+    ],
+    prune: Annotated[
+        bool, typer.Option("--prune", help="Cancel the jobs of MODULE's functions that it no longer declares.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would change; change nothing.")] = False,
+    db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Add the jobs MODULE declares with @pysched.job, update those whose
+    declaration changed, and leave the rest; run again, it changes nothing."""
+    # As the workers do: a module named by its dotted name, found from here.
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        imported = import_declarations(module)
+    except InvalidDeclaration as exc:
+        fail(str(exc))
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module + ".").startswith(exc.name + "."):
+            fail(f"MODULE: no module named {module!r} (from {Path.cwd()})")
+        fail(f"MODULE: importing {module} failed: {type(exc).__name__}: {exc}")
+    except Exception as exc:
+        fail(f"MODULE: importing {module} failed: {type(exc).__name__}: {exc}")
+    client = open_client(db, config, access="read" if dry_run else "create")
+    try:
+        report = client.sync(imported, prune=prune, dry_run=dry_run)
+    except InvalidJob as exc:
+        fail(f"{module}: {'; '.join(str(p) for p in exc.problems)}")
+    except JobExists as exc:
+        # Added by someone else between the read and the write.
+        fail(f"id: {exc}; run sync again")
+    if as_json:
+        echo_json(_report_json(report))
+    else:
+        _print_report(report)
+    if not dry_run and report.added:
+        warn_without_scheduler(client.store, db)
+
+
+def _report_json(report: SyncReport) -> dict[str, object]:
+    return {
+        "module": report.module,
+        "dry_run": report.dry_run,
+        "added": list(report.added),
+        "updated": list(report.updated),
+        "unchanged": list(report.unchanged),
+        "pruned": list(report.pruned),
+        "skipped": [{"id": s.job_id, "reason": s.reason} for s in report.skipped],
+    }
+
+
+def _print_report(report: SyncReport) -> None:
+    would = "would be " if report.dry_run else ""
+    for verb, ids in (("added", report.added), ("updated", report.updated), ("cancelled", report.pruned)):
+        for job_id in ids:
+            typer.echo(f"{would}{verb} {job_id}")
+    for skipped in report.skipped:
+        typer.echo(f"skipped {skipped.job_id}: {skipped.reason}")
+    changed = len(report.added) + len(report.updated) + len(report.pruned)
+    typer.echo(
+        f"{report.module}: {len(report.added) + len(report.updated) + len(report.unchanged)} declared,"
+        f" {changed} {'to change' if report.dry_run else 'changed'}, {len(report.unchanged)} unchanged"
+        + (f", {len(report.skipped)} skipped" if report.skipped else "")
+    )
+
+
+def register_commands(app: typer.Typer) -> None:
+    app.command()(sync)

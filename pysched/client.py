@@ -1,0 +1,335 @@
+"""`pysched.Client`: jobs added, read and changed from Python code.
+
+The same operations, checks and errors as the `pysched` command, which is a
+thin layer over this class: a job is validated and admitted before the store
+is opened (a refused job creates no database file), and acknowledged once its
+first run is committed. One client talks to one store, the embedded database
+or, given a cluster config, the cluster's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, TracebackType
+from typing import Any
+
+from pydantic import ValidationError
+
+from pysched import cron
+from pysched.admission import JobRejected, admit
+from pysched.catchup import count_missed
+from pysched.clock import Clock, SystemClock
+from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
+from pysched.protocols import MISSED_REASONS, JobRecord, RunRecord, ScheduleStore
+from pysched.registry import register, register_many, reschedule
+from pysched.registry import resume as resume_job
+from pysched.stores.sqlite_db import Access
+from pysched.sync import SyncReport, sync_module
+
+DEFAULT_DB = "pysched.db"
+# How far `preview` looks: a schedule with no fire in a century has none.
+MAX_PREVIEW = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class AddedMany:
+    """What `Client.add_many` did: the ids it added and those that existed
+    already (left as they were)."""
+
+    added: tuple[str, ...]
+    existing: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """One coming fire of a cron schedule: its schedule time, its due time
+    with the job's jitter (None for an expression alone), and what the zone's
+    DST rule did to it (moved, merged, repeated), if anything."""
+
+    at_ms: int
+    due_ms: int | None
+    dst: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    expr: str
+    tz: str
+    jitter_ms: int | None
+    fires: tuple[Fire, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunKey:
+    """A run's identity, printed as JOB:RUN_AT_MS:GROUP."""
+
+    job_id: str
+    run_at_ms: int
+    attempt_group: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.job_id}:{self.run_at_ms}:{self.attempt_group}"
+
+
+@dataclass(frozen=True, slots=True)
+class Redriven:
+    """What `Client.redrive` did: runs put back to run now, and keys that
+    named no dead letter (no such run, or one not failed for good)."""
+
+    redriven: tuple[RunKey, ...]
+    not_dead_letters: tuple[RunKey, ...]
+
+
+class Client:
+    """Jobs of one store: ``Client()`` is the embedded database
+    (``$PYSCHED_DB``, else ``pysched.db``); ``Client(db="jobs.db")`` another
+    one; ``Client(config="cluster.toml")`` the cluster the file names.
+
+    Errors: `InvalidJob` (nothing stored; each problem names the field),
+    `JobExists`, `JobNotFound`, `JobNotActive` (a change the job's state does
+    not allow), and, when the store cannot be opened, `DatabaseUnusable`,
+    `ConfigError`, `PartitionsMismatch` or `ConnectionError`."""
+
+    def __init__(
+        self,
+        db: str | os.PathLike[str] | None = None,
+        *,
+        config: str | os.PathLike[str] | None = None,
+        clock: Clock | None = None,
+        access: Access = "create",
+    ) -> None:
+        if db is not None and config is not None:
+            raise ValueError("give a database or a cluster config, not both")
+        self.db = str(db) if db is not None else os.environ.get("PYSCHED_DB", DEFAULT_DB)
+        self.config = None if config is None else str(config)
+        self.clock: Clock = clock or SystemClock()
+        self.access: Access = access
+        self._store: ScheduleStore | None = None
+        self._close: Callable[[], None] = lambda: None
+
+    # -- the store, opened on first use ------------------------------------
+
+    @property
+    def store(self) -> ScheduleStore:
+        if self._store is None:
+            self._store, self._close = self._open()
+        return self._store
+
+    def _open(self) -> tuple[ScheduleStore, Callable[[], None]]:
+        if self.config is None:
+            from pysched.stores.sqlite import SQLiteScheduleStore
+            from pysched.stores.sqlite_db import SQLiteDatabase
+
+            database = SQLiteDatabase(self.db, access=self.access)
+            return SQLiteScheduleStore(database), database.close
+        from pysched.config import load
+        from pysched.node import open_cluster_store
+
+        return open_cluster_store(load(Path(self.config)), clock=self.clock)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store = None
+            self._close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- adding -------------------------------------------------------------
+
+    def add(self, job: Job | Mapping[str, Any]) -> JobRecord:
+        """Register a job, given as a `Job` or its JSON form (a mapping);
+        returns it as stored, with its first run. Raises InvalidJob or
+        JobExists, and then nothing is stored."""
+        checked = self.check(job)
+        try:
+            return register(self.store, checked, self.clock.now_ms())
+        except JobRejected as exc:
+            raise invalid_from_rejection(exc) from None
+
+    def add_many(self, jobs: Iterable[Job | Mapping[str, Any]]) -> AddedMany:
+        """Register jobs in bulk: every one is checked before any is stored
+        (one refused: InvalidJob, nothing stored); ids that exist already are
+        left as they are and reported."""
+        checked = [self.check(job) for job in jobs]
+        ids = [job.id for job in checked]
+        if len(set(ids)) != len(ids):
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise InvalidJob((Problem("id", f"given more than once: {', '.join(twice)}"),))
+        if not checked:
+            return AddedMany((), ())
+        try:
+            existing = register_many(self.store, checked, self.clock.now_ms())
+        except JobRejected as exc:
+            raise invalid_from_rejection(exc) from None
+        known = set(existing)
+        return AddedMany(tuple(i for i in ids if i not in known), tuple(existing))
+
+    def check(self, job: Job | Mapping[str, Any]) -> Job:
+        """The job validated and admitted now, without storing it; raises
+        InvalidJob naming every field at fault."""
+        try:
+            model = job if isinstance(job, Job) else Job.model_validate(job)
+            admit(model, self.clock.now_ms())
+        except ValidationError as exc:
+            raise invalid_from_validation(exc) from None
+        except JobRejected as exc:
+            raise invalid_from_rejection(exc) from None
+        return model
+
+    # -- reading ------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord:
+        """Raises JobNotFound."""
+        return self.store.get_job(job_id)
+
+    def ls(self) -> list[JobRecord]:
+        return self.store.list_jobs()
+
+    def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:
+        """A job's runs, newest first. Raises JobNotFound."""
+        if limit < 1:
+            raise ValueError("limit: at least 1")
+        return self.store.history(job_id, limit)
+
+    def last_runs(self, job_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """The last run handed on of each job that has one."""
+        return self.store.last_runs(job_ids)
+
+    def missed(self, jobs: Sequence[JobRecord]) -> dict[str, dict[str, int]]:
+        """Schedule times each job missed, counted by reason (every reason,
+        zero when none)."""
+        spans = self.store.missed_runs([r.job.id for r in jobs])
+        counts: dict[str, dict[str, int]] = {}
+        for rec in jobs:
+            counted = dict.fromkeys(MISSED_REASONS, 0)
+            for span in spans.get(rec.job.id, []):
+                counted[span.reason] = counted.get(span.reason, 0) + count_missed(rec.job, span)
+            counts[rec.job.id] = counted
+        return counts
+
+    def preview(
+        self,
+        job_id: str | None = None,
+        *,
+        cron_expr: str | None = None,
+        tz: str | None = None,
+        count: int = 10,
+        after_ms: int | None = None,
+    ) -> Preview:
+        """The next ``count`` fires of a registered cron job (with its
+        jittered due times) or of an expression. Raises InvalidJob for a bad
+        expression or zone, or a one-shot job; JobNotFound."""
+        if (job_id is None) == (cron_expr is None):
+            raise ValueError("give a job id or a cron expression, not both" if job_id else "give a job id or a cron")
+        if not 1 <= count <= MAX_PREVIEW:
+            raise InvalidJob((Problem("count", f"from 1 to {MAX_PREVIEW:,}; got {count}"),))
+        jitter_ms: int | None = None
+        if job_id is not None:
+            if tz is not None:
+                raise InvalidJob((Problem("tz", "a registered job has its own zone"),))
+            rec = self.store.get_job(job_id)
+            schedule = rec.job.schedule
+            if not isinstance(schedule, CronSchedule):
+                raise InvalidJob((Problem("schedule", f"{job_id} is a one-shot job, not a cron schedule"),))
+            expr, zone, jitter_ms = schedule.expr, schedule.tz, rec.jitter_ms
+        else:
+            assert cron_expr is not None
+            expr, zone = cron_expr, tz or "UTC"
+            for field, check in (("tz", lambda: cron.zone(zone)), ("expr", lambda: cron.validate(expr, zone))):
+                try:
+                    check()
+                except cron.CronError as exc:
+                    raise InvalidJob((Problem(field, str(exc)),)) from None
+        fires: list[Fire] = []
+        at: int | None = self.clock.now_ms() if after_ms is None else after_ms
+        while len(fires) < count:
+            at = cron.next_after(expr, zone, at) if at is not None else None
+            if at is None:
+                break
+            fires.append(Fire(at, None if jitter_ms is None else at + jitter_ms, cron.dst_note(expr, zone, at)))
+        return Preview(expr, zone, jitter_ms, tuple(fires))
+
+    # -- changing -----------------------------------------------------------
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Cancel a job's pending runs; its history stays. Raises
+        JobNotFound, JobNotActive (cancelled already)."""
+        return self.store.cancel_job(job_id, self.clock.now_ms())
+
+    def pause(self, job_id: str) -> JobRecord:
+        """Stop a job firing until `resume`; the times passed over count as
+        missed (paused)."""
+        return self.store.pause_job(job_id, self.clock.now_ms())
+
+    def resume(self, job_id: str) -> JobRecord:
+        """Let a paused job fire again; what it missed follows its catch-up
+        policy."""
+        return resume_job(self.store, job_id, self.clock.now_ms())
+
+    def reschedule(self, job_id: str, schedule: CronSchedule | OnceSchedule | Mapping[str, Any]) -> JobRecord:
+        """Give a job a new schedule (a schedule model or its JSON form);
+        pending runs are replaced."""
+        try:
+            if isinstance(schedule, CronSchedule | OnceSchedule):
+                new = schedule
+            elif schedule.get("kind") == "once":
+                new = OnceSchedule.model_validate(schedule)
+            else:
+                new = CronSchedule.model_validate(schedule)
+        except ValidationError as exc:
+            raise invalid_from_validation(exc) from None
+        try:
+            return reschedule(self.store, job_id, new, self.clock.now_ms())
+        except JobRejected as exc:
+            raise invalid_from_rejection(exc) from None
+
+    def replace(self, job: Job | Mapping[str, Any]) -> JobRecord:
+        """Give an active job a new definition, schedule and all (what
+        `sync` does for a declaration that changed); pending runs are
+        replaced."""
+        from pysched.planning import first_run, jitter_for
+
+        checked = self.check(job)
+        jitter_ms = jitter_for(checked)
+        now = self.clock.now_ms()
+        return self.store.reschedule(checked, jitter_ms, first_run(checked, jitter_ms, now), now)
+
+    # -- dead letters -------------------------------------------------------
+
+    def dead_letters(self, limit: int = 1000) -> list[RunRecord]:
+        """Runs that failed for good, newest failure first, each with its
+        failed attempts."""
+        return self.store.dead_letters(limit)
+
+    def get_run(self, key: RunKey) -> RunRecord:
+        """One run with its failed attempts. Raises RunNotFound."""
+        return self.store.get_run(key.job_id, key.run_at_ms, key.attempt_group)
+
+    def redrive(self, keys: Iterable[RunKey]) -> Redriven:
+        """Run dead letters again, now, as their next attempt (the same
+        idempotency key: an effect that did commit is not repeated)."""
+        now = self.clock.now_ms()
+        done: list[RunKey] = []
+        not_dead: list[RunKey] = []
+        for key in keys:
+            ok = self.store.redrive(key.job_id, key.run_at_ms, key.attempt_group, now)
+            (done if ok else not_dead).append(key)
+        return Redriven(tuple(done), tuple(not_dead))
+
+    # -- declared jobs ------------------------------------------------------
+
+    def sync(self, module: ModuleType | str, *, prune: bool = False, dry_run: bool = False) -> SyncReport:
+        """Make the store hold the jobs ``module`` declares with
+        ``@pysched.job``: add the new, update the changed; with ``prune``,
+        cancel the jobs of the module's functions no longer declared."""
+        return sync_module(self, module, prune=prune, dry_run=dry_run)

@@ -1,0 +1,99 @@
+"""`pysched.Scheduler`: the embedded engine in a thread of the application's
+own process, as APScheduler's BackgroundScheduler is embedded.
+
+It is `pysched up` without the command: a leader for every partition of the
+database and a pool of workers, in threads of this process, so Python
+targets are the application's own functions, imported as it imports them.
+Another process may run `pysched up` on the same database; one of them leads
+at a time, and both work.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import TracebackType
+
+from pysched.client import Client
+from pysched.clock import Clock, SystemClock
+from pysched.node import EmbeddedBackends, Node, open_embedded
+from pysched.worker import WorkerConfig
+
+
+class SchedulerStopped(RuntimeError):
+    """The scheduler's node ended with an error; it no longer fires."""
+
+
+class Scheduler:
+    """Start with `start()` (or ``with Scheduler(...) as scheduler:``);
+    `stop()` hands the partitions on and gives running jobs ``grace_s`` to
+    finish before they are interrupted (and run again later). Jobs are added
+    and read through `client`, on the same database."""
+
+    def __init__(
+        self,
+        db: str | os.PathLike[str] | None = None,
+        *,
+        workers: int = 4,
+        grace_s: float = 30.0,
+        clock: Clock | None = None,
+    ) -> None:
+        if not 1 <= workers <= 256:
+            raise ValueError(f"workers: from 1 to 256; got {workers}")
+        if not 0 <= grace_s <= 86_400:
+            raise ValueError(f"grace_s: seconds from 0 to 86400; got {grace_s}")
+        self.clock: Clock = clock or SystemClock()
+        self.client = Client(db, clock=self.clock)
+        self._config = WorkerConfig(concurrency=workers, grace_s=grace_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backends: EmbeddedBackends | None = None
+        self._node: Node | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Open the database and start leading and working; returns once
+        the threads run. Raises DatabaseUnusable for a file that is not a
+        pysched database."""
+        if self._thread is not None:
+            raise RuntimeError("this scheduler was started already; make a new one to start again")
+        self._backends = open_embedded(self.client.db, clock=self.clock)
+        self._node = Node(self._backends, clock=self.clock, worker_config=self._config)
+        self._thread = threading.Thread(target=self._run, name="pysched-scheduler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self._node is not None
+        try:
+            self._node.run(self._stop)
+        except BaseException as exc:
+            self._failure = exc
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop firing, let running jobs finish within the grace period, and
+        close the database. Raises SchedulerStopped if the node had failed."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive() and self._node is not None:
+            self._node.stop_now()
+            self._thread.join(5.0)
+        if self._backends is not None:
+            self._backends.close()
+        self.client.close()
+        if self._failure is not None:
+            raise SchedulerStopped(f"the scheduler's node failed: {self._failure!r}") from self._failure
+
+    def __enter__(self) -> Scheduler:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,111 @@
+"""Make a store hold the jobs a module declares (`pysched sync MODULE`).
+
+Every declaration is checked before anything is written. A declared job not
+stored is added; one stored with another definition is given the new one
+(its pending runs replaced, as a reschedule does); one the same is left
+alone, so a sync run again changes nothing. With ``prune``, the jobs whose
+target is a function of the module and which it no longer declares are
+cancelled; their history stays.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from pysched.declare import declared_jobs
+from pysched.model import Job, OnceSchedule, PythonTarget
+from pysched.protocols import JobNotFound, JobRecord
+
+if TYPE_CHECKING:
+    from pysched.client import Client
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A declared job sync could not apply, and why."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    module: str
+    added: tuple[str, ...]
+    updated: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    # Cancelled by prune: no longer declared.
+    pruned: tuple[str, ...]
+    skipped: tuple[Skipped, ...]
+    # Nothing was written: what a sync would do.
+    dry_run: bool
+
+
+def import_declarations(module: ModuleType | str) -> ModuleType:
+    """The module, imported if given by name (its import errors propagate)."""
+    return importlib.import_module(module) if isinstance(module, str) else module
+
+
+def sync_module(client: Client, module: ModuleType | str, *, prune: bool, dry_run: bool) -> SyncReport:
+    mod = import_declarations(module)
+    jobs = [client.check(job) for job in declared_jobs(mod)]
+    now = client.clock.now_ms()
+    added: list[str] = []
+    updated: list[str] = []
+    unchanged: list[str] = []
+    skipped: list[Skipped] = []
+    for job in jobs:
+        try:
+            current: JobRecord | None = client.get(job.id)
+        except JobNotFound:
+            current = None
+        if current is None:
+            if isinstance(job.schedule, OnceSchedule) and job.schedule.run_at_ms < now:
+                skipped.append(Skipped(job.id, "its one run's time has passed"))
+                continue
+            if not dry_run:
+                client.add(job)
+            added.append(job.id)
+        elif current.job == job:
+            unchanged.append(job.id)
+        elif current.state != "active":
+            skipped.append(Skipped(job.id, _why_not_updated(current)))
+        else:
+            if not dry_run:
+                client.replace(job)
+            updated.append(job.id)
+    pruned = _prune(client, mod.__name__, {job.id for job in jobs}, dry_run) if prune else []
+    return SyncReport(
+        mod.__name__, tuple(added), tuple(updated), tuple(unchanged), tuple(pruned), tuple(skipped), dry_run
+    )
+
+
+def _why_not_updated(current: JobRecord) -> str:
+    return {
+        "paused": "paused: resume it, then sync, to give it the new definition",
+        "cancelled": "cancelled: a cancelled job's id is not used again; declare the job under another id",
+        "completed": "completed: it has no runs to come; declare the job under another id",
+    }.get(current.state, f"{current.state}: not updated")
+
+
+def _prune(client: Client, module: str, declared: set[str], dry_run: bool) -> list[str]:
+    stale = [
+        rec.job.id
+        for rec in client.ls()
+        if rec.state in ("active", "paused")
+        and rec.job.id not in declared
+        and isinstance(rec.job.target, PythonTarget)
+        and _module_of(rec.job) == module
+    ]
+    if not dry_run:
+        for job_id in stale:
+            client.cancel(job_id)
+    return stale
+
+
+def _module_of(job: Job) -> str:
+    assert isinstance(job.target, PythonTarget)
+    return job.target.ref.partition(":")[0]

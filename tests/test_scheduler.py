@@ -1,0 +1,77 @@
+"""pysched.Scheduler: the embedded engine in a thread of the test's own
+process, firing the process's own functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pysched
+from pysched import Client, Scheduler
+from tests.helpers import now_ms, wait_for
+from tests.test_client import declaring_module
+
+JOBS = """
+import sys
+from pathlib import Path
+
+def touch(ctx):
+    Path(ctx.payload["path"]).write_text(ctx.job_id)
+    return "touched"
+
+def leave(ctx):
+    sys.exit(3)
+
+def fail(ctx):
+    raise RuntimeError("no luck")
+"""
+
+
+def one_shot(job_id: str, ref: str, in_ms: int, **payload: str) -> dict[str, object]:
+    return {
+        "id": job_id,
+        "schedule": {"kind": "once", "run_at_ms": now_ms() + in_ms},
+        "target": {"kind": "python", "ref": ref},
+        "payload": payload,
+        "retry": {"retries": 0},
+    }
+
+
+def state_of(client: Client, job_id: str) -> str | None:
+    runs = client.history(job_id)
+    return runs[0].state if runs else None
+
+
+def test_the_scheduler_fires_the_processes_own_functions_and_outlives_their_failures(tmp_path: Path) -> None:
+    module = declaring_module(tmp_path, JOBS)
+    with Scheduler(tmp_path / "app.db", workers=2, grace_s=5) as scheduler:
+        client = scheduler.client
+        client.add(one_shot("exits", f"{module}:leave", 300))
+        client.add(one_shot("raises", f"{module}:fail", 300))
+        wait_for(lambda: state_of(client, "exits") == "failed", 60, "the run calling sys.exit to fail")
+        wait_for(lambda: state_of(client, "raises") == "failed", 60, "the run raising to fail")
+        assert scheduler.running
+        # Still firing after both.
+        client.add(one_shot("touches", f"{module}:touch", 200, path=str(tmp_path / "touched")))
+        wait_for(lambda: state_of(client, "touches") == "succeeded", 60, "the run after the failures to succeed")
+    assert not scheduler.running
+    assert (tmp_path / "touched").read_text() == "touches"
+    with Client(tmp_path / "app.db", access="read") as after:
+        errors = {job: after.history(job)[0].error or "" for job in ("exits", "raises")}
+    assert "SystemExit" in errors["exits"] and "no luck" in errors["raises"]
+
+
+def test_a_scheduler_starts_once_and_refuses_bad_settings(tmp_path: Path) -> None:
+    scheduler = Scheduler(tmp_path / "app.db", workers=1, grace_s=1)
+    scheduler.start()
+    try:
+        with pytest.raises(RuntimeError, match="started already"):
+            scheduler.start()
+    finally:
+        scheduler.stop()
+    scheduler.stop()  # a second stop does nothing
+    with pytest.raises(ValueError, match="workers"):
+        Scheduler(tmp_path / "app.db", workers=0)
+    with pytest.raises(pysched.InvalidJob):
+        Scheduler(tmp_path / "app.db").client.add({"id": "x"})
