@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pysched.cli.common import run_json
 from pysched.protocols import RunRecord
+from pysched.views import run_json
 from tests.helpers import cli, cli_json, start_node, stop_node, wait_for
 
 # Fails its first two calls (counted in a file beside the database), then succeeds.

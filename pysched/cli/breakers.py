@@ -16,10 +16,10 @@ from pysched.cli.common import (
     JsonOption,
     console,
     echo_json,
-    iso,
     open_store,
 )
 from pysched.protocols import BreakerRow, ScheduleStore
+from pysched.views import iso
 
 
 def _breaker_json(store: ScheduleStore, row: BreakerRow, now_ms: int, policy: BreakerPolicy) -> dict[str, Any]:

@@ -18,9 +18,9 @@ from pysched.cli.common import (
     console,
     echo_json,
     fail,
-    iso,
     open_store,
 )
+from pysched.views import iso
 
 
 def catch_up(

@@ -7,8 +7,6 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import replace
-from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -21,10 +19,7 @@ from pysched.config import load as load_config
 from pysched.coord.local import scheduler_seen
 from pysched.problems import InvalidJob
 from pysched.protocols import (
-    FailedAttempt,
-    JobRecord,
     PartitionsMismatch,
-    RunRecord,
     ScheduleStore,
 )
 from pysched.stores.sqlite import SQLiteScheduleStore
@@ -146,17 +141,6 @@ def warn_without_scheduler(store: ScheduleStore, db: str) -> None:
         )
 
 
-def iso(ms: int | None) -> str | None:
-    """A stored time in the machine's zone; any stored value can be shown,
-    even one no date can express."""
-    if ms is None:
-        return None
-    try:
-        return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
-    except (ValueError, OverflowError, OSError):
-        return f"{ms} ms after 1970-01-01T00:00Z"
-
-
 def console() -> Console:
     """Where tables go: a terminal's width, or wide enough that nothing is
     cut when the output is piped or saved."""
@@ -165,66 +149,6 @@ def console() -> Console:
 
 def echo_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2))
-
-
-def job_json(rec: JobRecord) -> dict[str, Any]:
-    return {
-        "id": rec.job.id,
-        "state": rec.state,
-        "schedule": rec.job.schedule.model_dump(),
-        "target": rec.job.target.model_dump(),
-        "payload": rec.job.payload,
-        "critical": rec.job.critical,
-        "retry": rec.job.retry.model_dump(),
-        "catch_up": rec.job.catch_up,
-        "max_delay_s": rec.job.max_delay_ms / 1000,
-        "overlap": rec.job.overlap,
-        "jitter_ms": rec.jitter_ms,
-        "partition": rec.partition,
-        "created_at": iso(rec.created_at_ms),
-        "next_run_at": iso(rec.next_run.run_at_ms) if rec.next_run else None,
-        "next_due_at": iso(rec.next_run.due_ms) if rec.next_run else None,
-    }
-
-
-def run_json(run: RunRecord) -> dict[str, Any]:
-    if run.state in ("retrying", "parked"):
-        # Its due time is the retry's (or the end of its parking); the times
-        # beside it are an earlier attempt's, whose lags would mean nothing.
-        run = replace(run, dispatched_at_ms=None, started_at_ms=None)
-    return {
-        "run_id": run.run_id,
-        "state": run.state,
-        "run_at": iso(run.run_at_ms),
-        "due_at": iso(run.due_ms),
-        "dispatched_at": iso(run.dispatched_at_ms),
-        "started_at": iso(run.started_at_ms),
-        "ended_at": iso(run.ended_at_ms),
-        # How late the run left the scheduler against its (jittered) target.
-        "fire_lag_ms": None if run.dispatched_at_ms is None else run.dispatched_at_ms - run.due_ms,
-        "start_lag_ms": None if run.started_at_ms is None else run.started_at_ms - run.due_ms,
-        "duration_ms": None
-        if run.started_at_ms is None or run.ended_at_ms is None
-        else run.ended_at_ms - run.started_at_ms,
-        "attempt": run.attempt,
-        "fence": run.fence,
-        "worker": run.worker,
-        "error": run.error,
-        "result": run.result,
-    }
-
-
-def failure_json(failure: FailedAttempt) -> dict[str, Any]:
-    return {
-        "attempt": failure.attempt,
-        "worker": failure.worker,
-        "started_at": iso(failure.started_at_ms),
-        "ended_at": iso(failure.ended_at_ms),
-        "kind": failure.kind,
-        "error": failure.error,
-        "dead_lettered": failure.dead_lettered,
-        "result": failure.result,
-    }
 
 
 def db_default() -> str:

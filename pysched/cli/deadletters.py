@@ -18,13 +18,11 @@ from pysched.cli.common import (
     console,
     echo_json,
     fail,
-    failure_json,
-    iso,
     open_store,
-    run_json,
 )
 from pysched.downstream import downstream_of
 from pysched.protocols import JobNotFound, RunNotFound, RunRecord, ScheduleStore
+from pysched.views import failure_json, iso, run_json
 
 app = typer.Typer(no_args_is_help=True, help="Dead letters: runs that failed for good.")
 

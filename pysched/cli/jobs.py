@@ -27,11 +27,8 @@ from pysched.cli.common import (
     echo_json,
     fail,
     fail_invalid,
-    iso,
-    job_json,
     open_client,
     opened,
-    run_json,
     unopened_client,
     warn_without_scheduler,
 )
@@ -46,6 +43,7 @@ from pysched.model import (
 )
 from pysched.problems import ID_RULE, InvalidJob
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
+from pysched.views import iso, job_json, run_json
 
 
 def _now_ms() -> int:

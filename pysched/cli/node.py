@@ -24,7 +24,6 @@ from pysched.cli.common import (
     cluster_config,
     echo_json,
     fail,
-    iso,
 )
 from pysched.cli.signals import StopSignals
 from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_BUDGET_FLOOR, MAX_CATCH_UP_RATE, MAX_GRACE_S
@@ -33,6 +32,7 @@ from pysched.leader import LeaderConfig, RunDispatched
 from pysched.node import Backends, Node, open_cluster, open_embedded
 from pysched.protocols import PartitionsMismatch
 from pysched.stores.sqlite_db import Access, DatabaseUnusable
+from pysched.views import iso
 from pysched.worker import WorkerConfig
 
 log = logging.getLogger("pysched")
