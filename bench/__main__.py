@@ -185,9 +185,9 @@ def main() -> int:
     c.add_argument("--json")
     c.set_defaults(func=cost_cmd)
     args = parser.parse_args()
-    from loadgen.registration import RegisteredLate
     from pysched.config import ConfigError
     from pysched.protocols import PartitionsMismatch
+    from pysched_loadgen.registration import RegisteredLate
 
     try:
         return int(args.func(args))

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.registration import LoadPlan
-from loadgen.runner import run_cluster, run_embedded
-from loadgen.shapes import Load, spike_jobs
 from pysched.config import load as load_config
+from pysched_loadgen.registration import LoadPlan
+from pysched_loadgen.runner import run_cluster, run_embedded
+from pysched_loadgen.shapes import Load, spike_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 # The worker threads of the embedded node: as many as the peers get.

@@ -23,11 +23,11 @@ from typing import Any
 
 from bench.burst import ROOT, cluster_processes
 from bench.cpu import CpuSampler
-from loadgen.measure import read_ledger
-from loadgen.registration import LoadPlan, now_ms
-from loadgen.runner import run_cluster
-from loadgen.shapes import MINUTE_MS, Load, sustain_recurring
 from pysched.config import load as load_config
+from pysched_loadgen.measure import read_ledger
+from pysched_loadgen.registration import LoadPlan, now_ms
+from pysched_loadgen.runner import run_cluster
+from pysched_loadgen.shapes import MINUTE_MS, Load, sustain_recurring
 
 # The servers a cluster run uses (Temporal serves only Temporal targets).
 SERVERS = ("cassandra", "kafka", "etcd", "redis")

@@ -12,13 +12,13 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from loadgen.measure import percentiles
-from loadgen.runner import appended, watch_topic
 from pysched import native
 from pysched.config import ClusterConfig
 from pysched.config import load as load_config
 from pysched.dispatch.kafka import ensure_topic, producer_settings
 from pysched.node import open_cluster_store
+from pysched_loadgen.measure import percentiles
+from pysched_loadgen.runner import appended, watch_topic
 
 
 def bare_producer(config_path: str, n: int) -> dict[str, Any]:

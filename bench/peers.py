@@ -16,8 +16,8 @@ from datetime import UTC
 from typing import Any
 
 from bench.burst import THREADS, in_own_process, peak_rss_mb, spike
-from loadgen.measure import percentiles
-from loadgen.registration import ATTEMPTS, SLACK_MS, registration_lead_s, retry_lead_s
+from pysched_loadgen.measure import percentiles
+from pysched_loadgen.registration import ATTEMPTS, SLACK_MS, registration_lead_s, retry_lead_s
 
 
 def _now_ms() -> float:

@@ -113,7 +113,7 @@ class Cluster:
                 {
                     "id": f"j{k:05d}",
                     "schedule": {"kind": "once", "run_at_ms": run_at},
-                    "target": {"kind": "python", "ref": "loadgen.target:append"},
+                    "target": {"kind": "python", "ref": "pysched_loadgen.target:append"},
                     "payload": {"ledger": str(self.ledger), "due_ms": run_at},
                 }
             )
@@ -137,7 +137,7 @@ class Cluster:
                     {
                         "id": f"m{k:03d}",
                         "schedule": {"kind": "cron", "expr": "* * * * *"},
-                        "target": {"kind": "python", "ref": "loadgen.target:append"},
+                        "target": {"kind": "python", "ref": "pysched_loadgen.target:append"},
                         "payload": {"ledger": str(self.ledger)},
                         "critical": True,
                     }

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.measure import Observed, percentiles, report
-from loadgen.runner import TappedDispatcher
-from loadgen.shapes import Load, spike_jobs, sustain_jobs, sustain_recurring
 from pysched import native
 from pysched.catchup import next_run
 from pysched.planning import first_run, jitter_for
 from pysched.protocols import Run
+from pysched_loadgen.measure import Observed, percentiles, report
+from pysched_loadgen.runner import TappedDispatcher
+from pysched_loadgen.shapes import Load, spike_jobs, sustain_jobs, sustain_recurring
 
-LOADGEN = [sys.executable, "-m", "loadgen"]
+LOADGEN = [sys.executable, "-m", "pysched_loadgen"]
 T = 1_800_000_000_000
 
 
@@ -124,7 +124,7 @@ def slow(*args, **kwargs):
     time.sleep(3)
     return fast(*args, **kwargs)
 registry.register_many = slow
-from loadgen.cli import main
+from pysched_loadgen.cli import main
 main()
 """
 

@@ -21,13 +21,13 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from loadgen.measure import plot
-from loadgen.registration import LoadPlan, RegisteredLate, now_ms, registration_lead_s
-from loadgen.runner import run_cluster, run_embedded
-from loadgen.shapes import MINUTE_MS, SHAPES, SUSTAIN_SHAPES, Load, spike_jobs, sustain_jobs, sustain_recurring
 from pysched.config import ConfigError
 from pysched.config import load as load_config
 from pysched.protocols import PartitionsMismatch
+from pysched_loadgen.measure import plot
+from pysched_loadgen.registration import LoadPlan, RegisteredLate, now_ms, registration_lead_s
+from pysched_loadgen.runner import run_cluster, run_embedded
+from pysched_loadgen.shapes import MINUTE_MS, SHAPES, SUSTAIN_SHAPES, Load, spike_jobs, sustain_jobs, sustain_recurring
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n\n")[0])
 

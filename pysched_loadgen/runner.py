@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loadgen.measure import LedgerTail, Observed
-from loadgen.registration import Attempt, LoadPlan, now_ms, register_before_due
 from pysched import native
 from pysched.config import ClusterConfig
 from pysched.dispatch.inprocess import InProcessDispatcher
@@ -32,6 +30,8 @@ from pysched.protocols import JobNotActive, JobNotFound, ScheduleStore
 from pysched.records import DispatchRecord
 from pysched.registry import register_many
 from pysched.worker import WorkerConfig
+from pysched_loadgen.measure import LedgerTail, Observed
+from pysched_loadgen.registration import Attempt, LoadPlan, now_ms, register_before_due
 
 if TYPE_CHECKING:  # the driver is loaded only for a cluster run
     from confluent_kafka import Consumer

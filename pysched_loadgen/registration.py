@@ -21,9 +21,9 @@ from typing import Any
 
 from rich.progress import Progress
 
-from loadgen.measure import Observed, report
-from loadgen.shapes import Load
 from pysched.model import Job
+from pysched_loadgen.measure import Observed, report
+from pysched_loadgen.shapes import Load
 
 # Jobs a second each engine registers in bulk, with room to spare: only the
 # first attempt's guess. The cluster's rate is bound by the logged batches

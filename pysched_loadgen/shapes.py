@@ -78,7 +78,7 @@ class Load:
 
 
 def ledger_job(job_id: str, schedule: dict[str, object], ledger: Path, due_ms: int | None, **policy: object) -> Job:
-    """A job whose run appends a line to the ledger (loadgen.target)."""
+    """A job whose run appends a line to the ledger (pysched_loadgen.target)."""
     payload: dict[str, object] = {"ledger": str(ledger)}
     if due_ms is not None:
         payload["due_ms"] = due_ms
@@ -86,7 +86,7 @@ def ledger_job(job_id: str, schedule: dict[str, object], ledger: Path, due_ms: i
         {
             "id": job_id,
             "schedule": schedule,
-            "target": {"kind": "python", "ref": "loadgen.target:append"},
+            "target": {"kind": "python", "ref": "pysched_loadgen.target:append"},
             "payload": payload,
             **policy,
         }

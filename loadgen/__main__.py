@@ -1,3 +1,0 @@
-from loadgen.cli import main
-
-main()

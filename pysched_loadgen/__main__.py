@@ -1,0 +1,3 @@
+from pysched_loadgen.cli import main
+
+main()
