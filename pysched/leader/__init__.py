@@ -22,8 +22,8 @@ dispatcher), ``recording`` (the store's record of what was sent);
 ``driver`` runs them on one thread instead, in an order of its choosing.
 """
 
-from pysched.leader.config import LeaderConfig, RunDispatched
+from pysched.leader.config import BatchDispatched, LeaderConfig, RunDispatched
 from pysched.leader.driver import SyncDriver
 from pysched.leader.partition_leader import PartitionLeader
 
-__all__ = ["LeaderConfig", "PartitionLeader", "RunDispatched", "SyncDriver"]
+__all__ = ["BatchDispatched", "LeaderConfig", "PartitionLeader", "RunDispatched", "SyncDriver"]

@@ -61,6 +61,13 @@ class RunCache:
     def has_overdue(self) -> bool:
         return bool(self._overdue)
 
+    @property
+    def waiting(self) -> int:
+        """The runs held to hand on: in the wheel, or due and not yet handed
+        on (the catch-up lane's are the lane's). Read from other threads
+        (metrics): two len() calls, exact enough without a lock."""
+        return len(self._pending) + len(self._overdue)
+
     def apply(self, loaded: Loaded, fences: dict[int, int]) -> None:
         """Put a read in the wheel; ``fences`` are those led now."""
         # Partitions lost (or led again under a new fence) since the read

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from pysched.clock import Clock
 from pysched.leader.cache import RunCache
-from pysched.leader.config import LeaderConfig, RunDispatched
+from pysched.leader.config import BatchDispatched, LeaderConfig, RunDispatched
 from pysched.leader.firing import Publisher
 from pysched.leader.guard import ranges
 from pysched.leader.leases import LeaseKeeper
@@ -44,6 +44,7 @@ class PartitionLeader:
         holder: str,
         config: LeaderConfig | None = None,
         on_dispatch: Callable[[RunDispatched], None] | None = None,
+        on_batch: Callable[[BatchDispatched], None] | None = None,
     ) -> None:
         self.clock = clock
         self.holder = holder
@@ -54,7 +55,7 @@ class PartitionLeader:
         self.lane = self.cache.lane
         self.loader = Loader(store, cfg, lambda: self.fences, lambda: self.cache.generation)
         self.publisher = Publisher(dispatcher, cfg)
-        self.recorder = Recorder(store, cfg, on_dispatch)
+        self.recorder = Recorder(store, cfg, on_dispatch, on_batch)
         self._next_watermark = 0
         self._standby_logged = False
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pysched.leader.config import LeaderConfig, RunDispatched
+from pysched.leader.config import BatchDispatched, LeaderConfig, RunDispatched
 from pysched.planning import plan_after_dispatch, planned_before
 from pysched.protocols import Fences, NextRuns, Run, ScheduleStore
 
@@ -117,10 +117,12 @@ class Recorder:
         store: ScheduleStore,
         config: LeaderConfig,
         on_dispatch: Callable[[RunDispatched], None] | None = None,
+        on_batch: Callable[[BatchDispatched], None] | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.on_dispatch = on_dispatch
+        self.on_batch = on_batch
         self._lock = threading.Lock()
         self._batches: collections.deque[_Queued] = collections.deque()
         self._submitted = 0  # the number of the next batch submitted
@@ -231,6 +233,8 @@ class Recorder:
         return dropped
 
     def _tell(self, batch: SentBatch) -> None:
+        if self.on_batch is not None and batch.rows:
+            self.on_batch(BatchDispatched(batch.rows, batch.sent_at))
         if self.on_dispatch is None:
             return
         for row in batch.rows:
