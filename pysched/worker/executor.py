@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import cast
 
 from pydantic import ValidationError
 
@@ -66,6 +67,7 @@ from pysched.shell import stop_commands
 from pysched.targets import RunContext, context_for, run_target
 from pysched.worker.config import WorkerConfig
 from pysched.worker.downstreams import DownstreamGuard
+from pysched.worker.observer import NoObserver, RunObserver, RunOutcome
 
 log = logging.getLogger("pysched.worker")
 
@@ -96,6 +98,15 @@ class Ended:
     parked_until_ms: int | None = None
     # Parked as the run its job's slot lists as waiting (overlap.SlotTake).
     listed: bool = False
+
+
+def _outcome(end: Ended) -> RunOutcome:
+    """How ``end`` is counted."""
+    if end.state == "parked" and end.kind == "overlap":
+        return "waiting"  # for its job's previous run, not a breaker
+    if end.state in ("succeeded", "failed", "missed", "parked"):
+        return cast(RunOutcome, end.state)
+    return "cancelled"
 
 
 @dataclass(eq=False)
@@ -150,9 +161,11 @@ class Executor:
         config: WorkerConfig | None = None,
         rng: random.Random | None = None,
         dead_letters: DeadLetterSink | None = None,
+        observer: RunObserver | None = None,
     ) -> None:
         self.claims = claims
         self.dead_letters = dead_letters
+        self.observer: RunObserver = observer or NoObserver()
         self._rng = rng or random.Random()
         self.store = store
         self.clock = clock
@@ -408,6 +421,7 @@ class Executor:
                 self._set_ended(execution, instead)
                 continue
             execution.started_at_ms = self.clock.now_ms()
+            self.observer.started(execution.record.due_ms, execution.started_at_ms)
             yield execution
 
     def _let_go_unstarted(self, execution: Execution) -> None:
@@ -446,6 +460,7 @@ class Executor:
                 log.warning("could not record %s run_at=%d interrupted: %s", record.job_id, record.run_at_ms, exc)
                 continue
             self.count("interrupted")
+            self.observer.ended("interrupted")
             log.warning(
                 "interrupted %s run_at=%d attempt=%s: %s", record.job_id, record.run_at_ms, execution.attempt, why
             )
@@ -472,6 +487,7 @@ class Executor:
                     execution.renewed_at_ms = now_ms
                     if claim.outcome is ClaimOutcome.TAKEN_OVER:
                         execution.checkpoint = claim.checkpoint
+        self.observer.claimed([claim.outcome for claim in claims])
         for execution, claim in zip(executions, claims, strict=True):
             if claim.outcome is ClaimOutcome.SUCCEEDED:
                 # Its history may not say so: the node that ran it may have
@@ -845,10 +861,9 @@ class Executor:
 
     def _log_ends(self, ended: list[tuple[Execution, Ended]], retry_at: dict[str, int | None]) -> None:
         for execution, end in ended:
-            if end.state == "parked" and end.kind == "overlap":
-                self.count("waiting")  # for its job's previous run, not a breaker
-            else:
-                self.count(end.state if end.state in ("succeeded", "failed", "missed", "parked") else "cancelled")
+            outcome = _outcome(end)
+            self.count(outcome)
+            self.observer.ended(outcome, retry_at.get(execution.holder) is not None)
             job_id = execution.record.job_id
             if end.state == "missed":
                 log.info("missed %s run_at=%d: %s", job_id, execution.record.run_at_ms, end.error)

@@ -34,6 +34,7 @@ from pysched.protocols import (
 from pysched.shell import stop_commands
 from pysched.worker.config import WorkerConfig
 from pysched.worker.executor import Executor
+from pysched.worker.observer import RunObserver
 from pysched.worker.step import DeliveryWorker
 
 log = logging.getLogger("pysched.worker")
@@ -50,11 +51,14 @@ class WorkerPool:
         config: WorkerConfig | None = None,
         rng: random.Random | None = None,
         dead_letters: DeadLetterSink | None = None,
+        observer: RunObserver | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.clock = clock
         self.config = config or WorkerConfig()
-        self.executor = Executor(claims, store, clock, holder, self.config, dead_letters=dead_letters)
+        self.executor = Executor(
+            claims, store, clock, holder, self.config, dead_letters=dead_letters, observer=observer
+        )
         # The executor's: what the workers did, and how often the supervisor stepped in.
         self.counts: Counter[str] = self.executor.counts
         # Each worker draws its backoffs from a generator of its own, seeded
