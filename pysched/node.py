@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     # Only a cluster node needs the drivers (see open_cluster).
     from cassandra.cluster import Session
 
+    from pysched.metrics import NodeMetrics
+
 log = logging.getLogger("pysched.node")
 
 # How long a stopping node waits for a pruning pass to see the stop: its
@@ -195,29 +197,38 @@ class Node:
         leader_config: LeaderConfig | None = None,
         worker_config: WorkerConfig | None = None,
         on_dispatch: Callable[[RunDispatched], None] | None = None,
+        metrics: NodeMetrics | None = None,
     ) -> None:
+        """``on_dispatch`` hears of each run handed on (the CLI logs it);
+        ``metrics``, when given, is told of what the leader and the workers
+        do and times the store's calls (its server is its owner's to start)."""
         self.backends = backends
         self.clock = clock or SystemClock()
         self.holder = holder or node_id()
+        store = backends.store if metrics is None else metrics.timed(backends.store)
         self.leader = PartitionLeader(
-            backends.store,
+            store,
             backends.coordinator,
             backends.dispatcher,
             self.clock,
             self.holder,
             leader_config,
             on_dispatch,
+            on_batch=None if metrics is None else metrics.dispatched,
         )
         self.workers = WorkerPool(
             backends.dispatcher,
             backends.claims,
-            backends.store,
+            store,
             self.clock,
             self.holder,
             worker_config,
             dead_letters=backends.dead_letters,
+            observer=metrics,
         )
-        self.pruner = HistoryPruner(backends.store, self.clock, backends.retention)
+        self.pruner = HistoryPruner(store, self.clock, backends.retention)
+        if metrics is not None:
+            metrics.watch(self.leader)
 
     def run(self, stop: threading.Event, lead: bool = True, work: bool = True) -> None:
         """Lead and work until ``stop``; then hand the partitions on, give
