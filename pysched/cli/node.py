@@ -6,11 +6,12 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -34,6 +35,9 @@ from pysched.protocols import PartitionsMismatch
 from pysched.stores.sqlite_db import Access, DatabaseUnusable
 from pysched.views import iso
 from pysched.worker import WorkerConfig
+
+if TYPE_CHECKING:
+    from pysched.metrics import NodeMetrics
 
 log = logging.getLogger("pysched")
 
@@ -74,6 +78,39 @@ LeaseOption = Annotated[
         " (default 30: renewed every 10 s). A worker that dies leaves its runs to others after this long.",
     ),
 ]
+
+
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        min=0,
+        max=65_535,
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, logged).",
+    ),
+]
+MetricsHostOption = Annotated[
+    str, typer.Option("--metrics-host", help="The address --metrics-port listens on (default 127.0.0.1).")
+]
+
+
+def _metrics(host: str, port: int | None) -> NodeMetrics | None:
+    """The node's metrics, served on ``host``:``port``; None without
+    --metrics-port. Served before the store is opened: an address that
+    cannot be had changes nothing."""
+    if port is None:
+        return None
+    # Imported here: the other commands need not load the exporter.
+    from pysched.metrics import NodeMetrics
+
+    metrics = NodeMetrics()
+    try:
+        metrics.serve(host, port)
+    except socket.gaierror as exc:
+        fail(f"--metrics-host: {host!r} is not an address of this machine: {exc.strerror or exc}")
+    except OSError as exc:
+        fail(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}")
+    return metrics
 
 
 def _lease(lease: float | None) -> tuple[int, int]:
@@ -194,6 +231,7 @@ def _serve(
     breaker: BreakerPolicy | None = None,
     batch: int = WorkerConfig.batch,
     lease: tuple[int, int] = (WorkerConfig.lease_ms, WorkerConfig.heartbeat_ms),
+    metrics: NodeMetrics | None = None,
 ) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
     # an error on a write, not the end of the node.
@@ -214,14 +252,25 @@ def _serve(
         temporal_address=temporal_address,
         breaker=breaker or BreakerPolicy(),
     )
-    node = Node(backends, leader_config=leader_config, worker_config=config, on_dispatch=None if quiet else _log_fire)
+    node = Node(
+        backends,
+        leader_config=leader_config,
+        worker_config=config,
+        on_dispatch=None if quiet else _log_fire,
+        metrics=metrics,
+    )
     signals = StopSignals()
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
+    if metrics is not None and metrics.server is not None:
+        log.info("metrics on %s", metrics.server.url)
     try:
         forced = _run_until_stopped(node, signals, lead=lead, work=workers > 0)
     except BaseException:
         backends.close()
         raise
+    finally:
+        if metrics is not None:
+            metrics.close()
     if forced is None:
         backends.close()
     # Exit here, whether stopped gracefully or now: interpreter shutdown would
@@ -314,6 +363,8 @@ def up(
             " targets run one after another: 1 keeps a long run from holding up others.",
         ),
     ] = WorkerConfig.batch,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
 ) -> None:
     """Run the scheduler and a worker pool in this process.
 
@@ -333,6 +384,7 @@ def up(
         fail("--workers: 0 only makes sense with --config and separate `pysched worker` processes")
     grace_s = _grace(grace, config)
     breaker = _breaker(breaker_failures, breaker_open, retry_budget, config)
+    metrics = _metrics(metrics_host, metrics_port)
     backends = _open(db, config)
     backends.retention = replace(
         backends.retention,
@@ -356,6 +408,7 @@ def up(
         breaker=breaker,
         lease=_lease(lease),
         batch=batch,
+        metrics=metrics,
     )
 
 
@@ -368,6 +421,8 @@ def worker(
     breaker_open: BreakerOpenOption = None,
     retry_budget: RetryBudgetOption = None,
     lease: LeaseOption = None,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "127.0.0.1",
 ) -> None:
     """Run executors only, consuming the cluster's dispatch topic.
 
@@ -377,6 +432,7 @@ def worker(
     attempt."""
     grace_s = _grace(grace, config)
     breaker = _breaker(breaker_failures, breaker_open, retry_budget, config)
+    metrics = _metrics(metrics_host, metrics_port)
     backends = _open(DEFAULT_DB, config, coordinator=False)
     _serve(
         backends,
@@ -388,6 +444,7 @@ def worker(
         temporal_address=_temporal_address(config),
         breaker=breaker,
         lease=_lease(lease),
+        metrics=metrics,
     )
 
 
