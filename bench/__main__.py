@@ -100,7 +100,10 @@ def _correct(figures: dict[str, Any]) -> int:
 def burst_cmd(args: argparse.Namespace) -> int:
     from bench.burst import burst
 
-    figures = burst(args.n, args.repeat, args.config, args.start_nodes, args.start_workers)
+    if args.metrics and args.config is not None:
+        print("bench: --metrics is for the embedded node (a cluster's are its processes' own)", file=sys.stderr)
+        return 2
+    figures = burst(args.n, args.repeat, args.config, args.start_nodes, args.start_workers, args.metrics)
     _emit(figures, args.json)
     return _correct(figures)
 
@@ -164,6 +167,7 @@ def main() -> int:
     b.add_argument("--repeat", type=int, default=3)
     b.add_argument("--embedded", action="store_true", help="the default without --config")
     cluster_args(b, required=False)
+    b.add_argument("--metrics", action="store_true", help="embedded: the node counts into its Prometheus metrics")
     b.add_argument("--json")
     b.set_defaults(func=burst_cmd)
     q = sub.add_parser("peers", help="APScheduler, a heapq thread and pysched, one burst each")

@@ -43,15 +43,16 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def spike(n: int, config: str | None, quiet: bool = True) -> dict[str, Any]:
+def spike(n: int, config: str | None, quiet: bool = True, metrics: bool = False) -> dict[str, Any]:
     """One instant spike of n runs, due once they are all registered,
-    watched until every run handed on was executed."""
+    watched until every run handed on was executed; embedded, ``metrics``
+    has the node count into its Prometheus metrics."""
 
     def build(ledger: Path, prefix: str, instant: int) -> Load:
         return Load.one_shots(spike_jobs(n, instant, "instant", 0, ledger, prefix))
 
     if config is None:
-        attempt = run_embedded(LoadPlan(n, build), THREADS, 120, EXECUTE_TIMEOUT_S, quiet)
+        attempt = run_embedded(LoadPlan(n, build), THREADS, 120, EXECUTE_TIMEOUT_S, quiet, metrics)
     else:
         attempt = run_cluster(load_config(config), LoadPlan(n, build), 120, EXECUTE_TIMEOUT_S, quiet)
     figures = attempt.figures({})
@@ -117,13 +118,13 @@ def cluster_processes(
                 os.kill(p.pid, signal.SIGKILL)
 
 
-def burst(n: int, repeat: int, config: str | None, nodes: int, workers: int) -> dict[str, Any]:
+def burst(n: int, repeat: int, config: str | None, nodes: int, workers: int, metrics: bool = False) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     if config is not None and (nodes or workers):
         with cluster_processes(config, nodes, workers):
             runs = [in_own_process(spike, n, config) for _ in range(repeat)]
     else:
-        runs = [in_own_process(spike, n, config) for _ in range(repeat)]
+        runs = [in_own_process(spike, n, config, True, metrics) for _ in range(repeat)]
     keys = ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms")
 
     def median_of(key: str, within: str | None = None) -> float | None:
@@ -133,6 +134,7 @@ def burst(n: int, repeat: int, config: str | None, nodes: int, workers: int) -> 
 
     return {
         "mode": "cluster" if config else "embedded",
+        "metrics": metrics,
         "n": n,
         "repeat": repeat,
         "missed": sum(r["missed"] for r in runs),

@@ -24,6 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from pysched import native
 from pysched.config import ClusterConfig
 from pysched.dispatch.inprocess import InProcessDispatcher
+from pysched.metrics import NodeMetrics
 from pysched.model import Job
 from pysched.node import Backends, Node, open_cluster_store, open_embedded
 from pysched.protocols import JobNotActive, JobNotFound, ScheduleStore
@@ -155,7 +156,10 @@ def run_embedded(
     timeout_s: float,
     exec_timeout_s: float,
     quiet: bool = False,
+    metrics: bool = False,
 ) -> Attempt:
+    """``metrics``: the node counts what it does into its metrics, unserved
+    (what that costs the fire path is what it measures)."""
     # Each attempt registers into a fresh database in its own folder: one
     # given up on is closed before the scheduler starts, and never fires.
     databases: dict[int, Backends] = {}
@@ -175,7 +179,9 @@ def run_embedded(
         backends = databases.pop(attempt.number)
         tap = TappedDispatcher()
         backends.dispatcher = tap
-        node = Node(backends, worker_config=WorkerConfig(concurrency=workers))
+        node = Node(
+            backends, worker_config=WorkerConfig(concurrency=workers), metrics=NodeMetrics() if metrics else None
+        )
         stop = threading.Event()
         thread = threading.Thread(target=node.run, args=(stop,), name="loadgen-node", daemon=True)
         thread.start()
