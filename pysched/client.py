@@ -24,15 +24,18 @@ from pysched.catchup import count_missed
 from pysched.clock import Clock, SystemClock
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
-from pysched.protocols import MISSED_REASONS, JobRecord, RunRecord, ScheduleStore
+from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
 from pysched.registry import register, register_many, reschedule
 from pysched.registry import resume as resume_job
 from pysched.stores.sqlite_db import Access
 from pysched.sync import SyncReport, sync_module
+from pysched.views import iso
 
 DEFAULT_DB = "pysched.db"
 # How far `preview` looks: a schedule with no fire in a century has none.
 MAX_PREVIEW = 1_000
+# How far in the past a one-shot's time may be: the CLI's --at allows as much.
+PAST_SLACK_MS = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,24 @@ class Redriven:
 
     redriven: tuple[RunKey, ...]
     not_dead_letters: tuple[RunKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLeader:
+    """Who leads a partition, under which fence, until when (its lease);
+    ``holder`` None: nobody leads it now."""
+
+    partition: int
+    holder: str | None
+    fence: int | None
+    expires_at_ms: int | None
+
+
+def _not_past(schedule: CronSchedule | OnceSchedule, now_ms: int, field: str) -> None:
+    """A one-shot's time is now or ahead (a second's slack for the clocks of
+    the caller and this machine); one long past would fire at once, late."""
+    if isinstance(schedule, OnceSchedule) and schedule.run_at_ms < now_ms - PAST_SLACK_MS:
+        raise InvalidJob((Problem(field, f"{iso(schedule.run_at_ms)} is in the past"),))
 
 
 class Client:
@@ -177,13 +198,15 @@ class Client:
     def check(self, job: Job | Mapping[str, Any]) -> Job:
         """The job validated and admitted now, without storing it; raises
         InvalidJob naming every field at fault."""
+        now = self.clock.now_ms()
         try:
             model = job if isinstance(job, Job) else Job.model_validate(job)
-            admit(model, self.clock.now_ms())
+            admit(model, now)
         except ValidationError as exc:
             raise invalid_from_validation(exc) from None
         except JobRejected as exc:
             raise invalid_from_rejection(exc) from None
+        _not_past(model.schedule, now, "schedule.run_at_ms")
         return model
 
     # -- reading ------------------------------------------------------------
@@ -259,6 +282,34 @@ class Client:
             fires.append(Fire(at, None if jitter_ms is None else at + jitter_ms, cron.dst_note(expr, zone, at)))
         return Preview(expr, zone, jitter_ms, tuple(fires))
 
+    def leaders(self) -> list[PartitionLeader]:
+        """Each partition's leader now (a lease that ran out leads nothing)."""
+        now = self.clock.now_ms()
+        leases = self._coordinator_leases()
+        shown = []
+        for partition in range(self.store.partitions):
+            lease = leases.get(partition)
+            if lease is None or (lease.expires_at_ms and lease.expires_at_ms <= now):
+                shown.append(PartitionLeader(partition, None, None, None))
+            else:
+                shown.append(PartitionLeader(partition, lease.holder, lease.fence, lease.expires_at_ms or None))
+        return shown
+
+    def _coordinator_leases(self) -> dict[int, Lease]:
+        store = self.store
+        if self.config is None:
+            from pysched.coord.local import SQLiteLeaseCoordinator
+
+            return SQLiteLeaseCoordinator(store.db).leaders()  # type: ignore[attr-defined]
+        from pysched.config import load
+        from pysched.coord.etcd import EtcdCoordinator
+
+        coordinator = EtcdCoordinator(load(Path(self.config)), partitions=store.partitions)
+        try:
+            return coordinator.leaders()
+        finally:
+            coordinator.close()
+
     # -- changing -----------------------------------------------------------
 
     def cancel(self, job_id: str) -> JobRecord:
@@ -288,6 +339,7 @@ class Client:
                 new = CronSchedule.model_validate(schedule)
         except ValidationError as exc:
             raise invalid_from_validation(exc) from None
+        _not_past(new, self.clock.now_ms(), "run_at_ms")
         try:
             return reschedule(self.store, job_id, new, self.clock.now_ms())
         except JobRejected as exc:

@@ -120,6 +120,12 @@ class ClusterConfig(BaseModel):
     retry_budget_floor: int = Field(
         default=3, ge=0, le=MAX_BUDGET_FLOOR, description="retries a minute a downstream's budget always allows"
     )
+    api_token: str | None = Field(
+        default=None,
+        min_length=16,
+        pattern=r"^[\x21-\x7e]+$",
+        description="the bearer token every HTTP API request must carry (or PYSCHED_API_TOKEN)",
+    )
 
 
 def load(path: str | Path | None) -> ClusterConfig:

@@ -8,7 +8,9 @@ field by its path in the job's JSON form and saying what would be accepted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -56,15 +58,26 @@ class InvalidJob(ValueError):
 
 
 def invalid_from_validation(exc: ValidationError) -> InvalidJob:
+    return InvalidJob(problems_from_errors(exc.errors()))
+
+
+def problems_from_errors(
+    errors: Sequence[Mapping[str, Any]], outside: frozenset[str] = frozenset()
+) -> tuple[Problem, ...]:
+    """pydantic's errors as problems; a first path part in ``outside`` (where
+    an HTTP request carried the value: body, query) is not part of the field."""
     problems = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"] if p not in _UNION_TAGS)
-        message = str(err["msg"]).removeprefix("Value error, ")
+    for err in errors:
+        parts = [str(p) for p in err.get("loc", ())]
+        if parts and parts[0] in outside:
+            parts = parts[1:]
+        field = ".".join(p for p in parts if p not in _UNION_TAGS)
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         if message.startswith("expr: "):
             # The schedule's own validator names its expression.
             field, message = f"{field}.expr" if field else "expr", message.removeprefix("expr: ")
-        problems.append(Problem(field, _WORDS.get((field, str(err["type"])), message)))
-    return InvalidJob(tuple(problems))
+        problems.append(Problem(field, _WORDS.get((field, str(err.get("type"))), message)))
+    return tuple(problems)
 
 
 def invalid_from_rejection(exc: JobRejected) -> InvalidJob:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pysched.breakers import BreakerPolicy
+from pysched.cli.api import ApiHostOption, ApiPortOption, serve_api_on
 from pysched.cli.common import (
     CLOCK,
     DEFAULT_DB,
@@ -37,6 +38,7 @@ from pysched.views import iso
 from pysched.worker import WorkerConfig
 
 if TYPE_CHECKING:
+    from pysched.api.serve import ApiServer
     from pysched.metrics import NodeMetrics
 
 log = logging.getLogger("pysched")
@@ -232,6 +234,7 @@ def _serve(
     batch: int = WorkerConfig.batch,
     lease: tuple[int, int] = (WorkerConfig.lease_ms, WorkerConfig.heartbeat_ms),
     metrics: NodeMetrics | None = None,
+    api: ApiServer | None = None,
 ) -> None:
     # A long-running node outlives whatever reads its logs: a closed pipe is
     # an error on a write, not the end of the node.
@@ -263,6 +266,9 @@ def _serve(
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
     if metrics is not None and metrics.server is not None:
         log.info("metrics on %s", metrics.server.url)
+    if api is not None:
+        api.start()
+        log.info("API on %s (docs: %s/docs)", api.url, api.url)
     try:
         forced = _run_until_stopped(node, signals, lead=lead, work=workers > 0)
     except BaseException:
@@ -271,6 +277,8 @@ def _serve(
     finally:
         if metrics is not None:
             metrics.close()
+        if api is not None:
+            api.stop()
     if forced is None:
         backends.close()
     # Exit here, whether stopped gracefully or now: interpreter shutdown would
@@ -363,6 +371,8 @@ def up(
             " targets run one after another: 1 keeps a long run from holding up others.",
         ),
     ] = WorkerConfig.batch,
+    api_port: ApiPortOption = None,
+    api_host: ApiHostOption = "127.0.0.1",
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "127.0.0.1",
 ) -> None:
@@ -385,6 +395,11 @@ def up(
     grace_s = _grace(grace, config)
     breaker = _breaker(breaker_failures, breaker_open, retry_budget, config)
     metrics = _metrics(metrics_host, metrics_port)
+    api = None
+    if api_port is not None:
+        from pysched.api.serve import ApiServer
+
+        api = ApiServer(*serve_api_on(api_host, api_port, db, config, host_flag="--api-host", port_flag="--api"))
     backends = _open(db, config)
     backends.retention = replace(
         backends.retention,
@@ -409,6 +424,7 @@ def up(
         lease=_lease(lease),
         batch=batch,
         metrics=metrics,
+        api=api,
     )
 
 

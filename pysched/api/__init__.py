@@ -1,0 +1,1 @@
+"""The HTTP API: every Client operation as a route, with OpenAPI."""

@@ -1,0 +1,218 @@
+"""The routes: each a Client call, its errors as HTTP statuses.
+
+FastAPI, for its OpenAPI from the same pydantic models the jobs are
+validated with (the schema a client generator reads is the one the server
+checks), served by uvicorn; sync routes run in its thread pool, as the
+stores' calls block.
+
+Errors: 422 names each field at fault (``{"detail": [{"field", "message"}]}``),
+404 an unknown job or run, 409 an id that exists or a change the job's state
+does not allow, 413 a body past the limit, 401 a missing token, 503 a store
+that cannot be reached. A refused request stores nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Body, FastAPI, Query
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from pysched.api.guard import MAX_BODY_BYTES, BearerToken, BodyLimit
+from pysched.client import MAX_PREVIEW, Client, Preview, RunKey
+from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched.problems import InvalidJob, Problem, problems_from_errors
+from pysched.protocols import JobExists, JobNotActive, JobNotFound, RunNotFound, RunRecord
+from pysched.views import failure_json, iso, job_json, run_json
+
+# Jobs in one batch: a bulk registration's unit; more go in several.
+MAX_BATCH = 10_000
+_LOCATIONS = frozenset({"body", "query", "path", "header"})
+
+
+class JobBatch(BaseModel):
+    jobs: list[Job] = Field(max_length=MAX_BATCH)
+
+
+class RedriveRequest(BaseModel):
+    runs: list[str] = Field(
+        default_factory=list, max_length=100_000, description="Run keys, JOB:RUN_AT_MS:GROUP, as dead letters show them"
+    )
+    all: bool = Field(default=False, description="Every dead letter")
+
+
+def _problems(problems: tuple[Problem, ...] | list[Problem]) -> JSONResponse:
+    return JSONResponse(
+        status_code=422, content={"detail": [{"field": p.field, "message": p.message} for p in problems]}
+    )
+
+
+def _request_problems(exc: RequestValidationError) -> JSONResponse:
+    return _problems(problems_from_errors(exc.errors(), outside=_LOCATIONS))
+
+
+def _detail(status: int, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"detail": str(exc).strip("'\"")})
+
+
+def _run_key(text: str) -> RunKey:
+    job_id, _, rest = text.partition(":")
+    run_at, _, group = rest.partition(":")
+    if not (job_id and run_at.isascii() and run_at.isdigit() and group.isascii() and group.isdigit()):
+        raise InvalidJob((Problem("runs", f"a run key, JOB:RUN_AT_MS:GROUP; got {text!r}"),))
+    if int(run_at) >= 2**63 or int(group) >= 2**31:
+        raise InvalidJob((Problem("runs", f"a run key within range; got {text!r}"),))
+    return RunKey(job_id, int(run_at), int(group))
+
+
+def _preview_json(shown: Preview) -> dict[str, Any]:
+    return {
+        "expr": shown.expr,
+        "tz": shown.tz,
+        "jitter_ms": shown.jitter_ms,
+        "fires": [{"at": iso(f.at_ms), "due_at": iso(f.due_ms), "dst": f.dst} for f in shown.fires],
+    }
+
+
+def _dead_letter_json(run: RunRecord) -> dict[str, Any]:
+    return {
+        "key": run.idempotency_key,
+        "job_id": run.job_id,
+        **run_json(run),
+        "failures": [failure_json(f) for f in run.failures],
+    }
+
+
+def create_app(client: Client, *, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The API over ``client``'s store (opened now: a store that cannot be
+    opened fails here, not at the first request)."""
+    client.store  # noqa: B018
+    app = FastAPI(
+        title="pysched",
+        summary="Jobs, runs, dead letters and partitions of a pysched scheduler.",
+        version="1",
+    )
+    app.add_exception_handler(RequestValidationError, lambda _r, e: _request_problems(e))
+    app.add_exception_handler(InvalidJob, lambda _r, e: _problems(e.problems))
+    app.add_exception_handler(JobNotFound, lambda _r, e: _detail(404, e))
+    app.add_exception_handler(RunNotFound, lambda _r, e: _detail(404, e))
+    app.add_exception_handler(JobExists, lambda _r, e: _detail(409, e))
+    app.add_exception_handler(JobNotActive, lambda _r, e: _detail(409, e))
+    app.add_exception_handler(ConnectionError, lambda _r, e: _detail(503, e))
+
+    @app.get("/jobs", tags=["jobs"])
+    def list_jobs() -> list[dict[str, Any]]:
+        records = client.ls()
+        last = client.last_runs([r.job.id for r in records])
+        return [{**job_json(r), "last_run": _maybe_run(last.get(r.job.id))} for r in records]
+
+    @app.post("/jobs", status_code=201, tags=["jobs"])
+    def add_job(job: Job) -> dict[str, Any]:
+        return job_json(client.add(job))
+
+    @app.post("/jobs/batch", tags=["jobs"])
+    def add_jobs(batch: JobBatch) -> dict[str, list[str]]:
+        """Every job checked before any is stored; ids that exist are left."""
+        done = client.add_many(batch.jobs)
+        return {"added": list(done.added), "existing": list(done.existing)}
+
+    @app.get("/jobs/{job_id}", tags=["jobs"])
+    def get_job(job_id: str) -> dict[str, Any]:
+        rec = client.get(job_id)
+        return {
+            **job_json(rec),
+            "last_run": _maybe_run(client.last_runs([job_id]).get(job_id)),
+            "missed": client.missed([rec])[job_id],
+        }
+
+    @app.get("/jobs/{job_id}/runs", tags=["jobs"])
+    def job_runs(job_id: str, limit: Annotated[int, Query(ge=1, le=100_000)] = 50) -> list[dict[str, Any]]:
+        return [run_json(r) for r in client.history(job_id, limit)]
+
+    @app.get("/jobs/{job_id}/preview", tags=["jobs"])
+    def job_preview(job_id: str, count: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10) -> dict[str, Any]:
+        return _preview_json(client.preview(job_id, count=count))
+
+    @app.post("/jobs/{job_id}/cancel", tags=["jobs"])
+    def cancel_job(job_id: str) -> dict[str, Any]:
+        return job_json(client.cancel(job_id))
+
+    @app.post("/jobs/{job_id}/pause", tags=["jobs"])
+    def pause_job(job_id: str) -> dict[str, Any]:
+        return job_json(client.pause(job_id))
+
+    @app.post("/jobs/{job_id}/resume", tags=["jobs"])
+    def resume_job(job_id: str) -> dict[str, Any]:
+        return job_json(client.resume(job_id))
+
+    @app.put("/jobs/{job_id}/schedule", tags=["jobs"])
+    def reschedule_job(
+        job_id: str, schedule: Annotated[CronSchedule | OnceSchedule, Body(discriminator="kind")]
+    ) -> dict[str, Any]:
+        return job_json(client.reschedule(job_id, schedule))
+
+    @app.get("/preview", tags=["jobs"])
+    def preview(
+        cron: Annotated[str, Query(max_length=1000)],
+        tz: Annotated[str, Query(max_length=100)] = "UTC",
+        count: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10,
+    ) -> dict[str, Any]:
+        return _preview_json(client.preview(cron_expr=cron, tz=tz, count=count))
+
+    @app.get("/dead-letters", tags=["dead letters"])
+    def dead_letters(limit: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> list[dict[str, Any]]:
+        return [_dead_letter_json(r) for r in client.dead_letters(limit)]
+
+    @app.get("/runs/{key}", tags=["dead letters"])
+    def get_run(key: str) -> dict[str, Any]:
+        return _dead_letter_json(client.get_run(_run_key(key)))
+
+    @app.post("/dead-letters/redrive", tags=["dead letters"])
+    def redrive(request: RedriveRequest) -> dict[str, list[str]]:
+        """Run dead letters again now, as their next attempt."""
+        if bool(request.runs) == request.all:
+            raise InvalidJob((Problem("runs", "give run keys or all, not both" if request.runs else "give run keys"),))
+        keys = (
+            [RunKey(r.job_id, r.run_at_ms, r.attempt_group) for r in client.dead_letters(100_000)]
+            if request.all
+            else [_run_key(k) for k in request.runs]
+        )
+        done = client.redrive(keys)
+        return {
+            "redriven": [str(k) for k in done.redriven],
+            "not_dead_letters": [str(k) for k in done.not_dead_letters],
+        }
+
+    @app.get("/partitions", tags=["cluster"])
+    def partitions() -> list[dict[str, Any]]:
+        """Each partition's leader and fence (none: nobody leads it now)."""
+        return [
+            {"partition": p.partition, "leader": p.holder, "fence": p.fence, "lease_expires_at": iso(p.expires_at_ms)}
+            for p in client.leaders()
+        ]
+
+    @app.get("/health", tags=["cluster"])
+    def health() -> JSONResponse:
+        """200 when the store answers and every partition has a leader; 503
+        with what is wrong otherwise."""
+        leaders = client.leaders()
+        unled = [p.partition for p in leaders if p.holder is None]
+        body = {
+            "engine": "embedded" if client.config is None else "cluster",
+            "partitions": len(leaders),
+            "unled_partitions": unled,
+            "status": "ok" if not unled else "degraded",
+        }
+        return JSONResponse(status_code=200 if not unled else 503, content=body)
+
+    # The last added runs first: the token is checked before the body is read.
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    if token is not None:
+        app.add_middleware(BearerToken, token=token)
+    return app
+
+
+def _maybe_run(run: RunRecord | None) -> dict[str, Any] | None:
+    return None if run is None else run_json(run)

@@ -1,0 +1,87 @@
+"""Serving the API: its address bound first (a taken port is an error before
+anything starts), then uvicorn, in the foreground (`pysched api`) or in a
+thread beside a node (`pysched up --api`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+
+import uvicorn
+from fastapi import FastAPI
+
+TOKEN_ENV = "PYSCHED_API_TOKEN"
+# Too short to resist guessing over the network.
+MIN_TOKEN_CHARS = 16
+
+
+class Unsafe(ValueError):
+    """An address or token the API must not be served with."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    """Without a token, only this machine may reach the API."""
+    if token is None and not is_loopback(host):
+        raise Unsafe(
+            f"{host} is reachable from other machines, and no api_token is configured:"
+            f" set {TOKEN_ENV} (or api_token in the --config file), or serve on 127.0.0.1"
+        )
+    if token is not None and (len(token) < MIN_TOKEN_CHARS or not token.isprintable() or " " in token):
+        raise Unsafe(f"the API token must have at least {MIN_TOKEN_CHARS} printable characters, no spaces")
+
+
+def token_from(configured: str | None) -> str | None:
+    """PYSCHED_API_TOKEN, else the config file's api_token; None: none set."""
+    return os.environ.get(TOKEN_ENV) or configured
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: a free port). Raises OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+class ApiServer:
+    """uvicorn on a bound socket."""
+
+    def __init__(self, app: FastAPI, sock: socket.socket, *, log_level: str = "info") -> None:
+        self.sock = sock
+        host, port = sock.getsockname()[:2]
+        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False))
+        self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        """In the foreground, until SIGINT or SIGTERM."""
+        self.server.run(sockets=[self.sock])
+
+    def start(self) -> None:
+        """In a thread of its own (uvicorn leaves the signals to the main thread)."""
+        self._thread = threading.Thread(target=self.run, name="pysched-api", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.sock.close()

@@ -1,0 +1,75 @@
+"""`pysched api`: the HTTP API over the embedded database or a cluster."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, cluster_config, fail, open_client
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+ApiPortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--api",
+        metavar="PORT",
+        min=0,
+        max=65_535,
+        help="Serve the HTTP API and its dashboard on this port (0: a free one, logged).",
+    ),
+]
+ApiHostOption = Annotated[
+    str, typer.Option("--api-host", help="The address --api listens on (another than loopback needs an api_token).")
+]
+
+
+def serve_api_on(
+    host: str, port: int, db: str, config: str | None, *, host_flag: str = "--host", port_flag: str = "--port"
+) -> tuple[FastAPI, socket.socket]:
+    """The API's address bound and its app made, or exit 2 naming what is
+    wrong: an exposed address without a token, a port that is taken."""
+    from pysched.api.app import create_app
+    from pysched.api.serve import Unsafe, bind, check_exposure, token_from
+
+    token = token_from(cluster_config(config).api_token if config is not None else None)
+    try:
+        check_exposure(host, token)
+    except Unsafe as exc:
+        fail(f"{host_flag}: {exc}" if "reachable" in str(exc) else f"api_token: {exc}")
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        fail(f"{port_flag}: cannot listen on {host}:{port}: {exc.strerror or exc}")
+    client = open_client(db, config, access="create")
+    return create_app(client, token=token), sock
+
+
+def api(
+    db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (another than loopback needs an api_token).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65_535, help="Port to listen on (0: a free one).")] = 8080,
+) -> None:
+    """Serve the HTTP API: jobs, runs, dead letters, partitions; OpenAPI at
+    /openapi.json, its docs page at /docs. With PYSCHED_API_TOKEN (or
+    api_token in the --config file) set, every request needs
+    `Authorization: Bearer TOKEN`."""
+    from pysched.api.serve import ApiServer
+
+    app, sock = serve_api_on(host, port, db, config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    server = ApiServer(app, sock)
+    logging.getLogger("pysched").info("pysched API on %s (docs: %s/docs)", server.url, server.url)
+    server.run()
+
+
+def register_commands(app: typer.Typer) -> None:
+    app.command()(api)

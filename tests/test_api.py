@@ -1,0 +1,167 @@
+"""The HTTP API in-process (FastAPI's TestClient), on both engines: every
+route's happy path and its 4xx, the token and the body limit, and a
+property test from /openapi.json that finds no 5xx and no partial write."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
+
+from pysched import Client
+from pysched.api.app import create_app
+from tests.conftest import cluster_config_for
+from tests.helpers import write_config
+
+
+@pytest.fixture(params=["sqlite", pytest.param("cluster", marks=pytest.mark.cluster)])
+def store_client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Client]:
+    if request.param == "sqlite":
+        opened = Client(tmp_path / "api.db")
+    else:
+        services = request.getfixturevalue("services")
+        config = cluster_config_for(services, request.getfixturevalue("keyspace"), partitions=4, kafka_partitions=2)
+        opened = Client(config=write_config(tmp_path / "cluster.toml", config.model_dump()))
+    with opened:
+        yield opened
+
+
+@pytest.fixture
+def api(store_client: Client) -> Iterator[TestClient]:
+    with TestClient(create_app(store_client)) as http:
+        yield http
+
+
+def job(job_id: str, **changes: Any) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "schedule": {"kind": "cron", "expr": "0 9 * * *", "tz": "Europe/Paris"},
+        "target": {"kind": "shell", "command": "true"},
+        **changes,
+    }
+
+
+def test_jobs_are_added_read_changed_and_cancelled(api: TestClient) -> None:
+    added = api.post("/jobs", json=job("report"))
+    assert added.status_code == 201, added.text
+    assert added.json()["id"] == "report" and added.json()["next_run_at"] is not None
+    assert [j["id"] for j in api.get("/jobs").json()] == ["report"]
+    shown = api.get("/jobs/report").json()
+    assert shown["state"] == "active" and shown["last_run"] is None and shown["missed"]["paused"] == 0
+    assert api.get("/jobs/report/runs").json() == []
+    assert len(api.get("/jobs/report/preview", params={"count": 3}).json()["fires"]) == 3
+    assert api.post("/jobs/report/pause").json()["state"] == "paused"
+    assert api.post("/jobs/report/resume").json()["state"] == "active"
+    moved = api.put("/jobs/report/schedule", json={"kind": "cron", "expr": "30 8 * * 1-5", "tz": "UTC"})
+    assert moved.status_code == 200 and moved.json()["schedule"]["expr"] == "30 8 * * 1-5"
+    assert api.post("/jobs/report/cancel").json()["state"] == "cancelled"
+    batch = api.post("/jobs/batch", json={"jobs": [job("report"), job("b"), job("c")]})
+    assert batch.json() == {"added": ["b", "c"], "existing": ["report"]}
+    assert api.get("/preview", params={"cron": "0 0 1 1 *", "count": 2}).json()["tz"] == "UTC"
+
+
+def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> None:
+    api.post("/jobs", json=job("kept"))
+    bad = api.post("/jobs", json=job("Bad id!", schedule={"kind": "cron", "expr": "61 * * * *"}))
+    assert bad.status_code == 422
+    assert {p["field"] for p in bad.json()["detail"]} == {"id", "schedule.expr"}
+    big = api.post("/jobs", json=job("big", payload={"x": "y" * (1024 * 1024)}))
+    assert big.status_code == 422 and big.json()["detail"][0]["field"] == "payload"
+    assert api.post("/jobs", json=job("kept")).status_code == 409
+    past = api.post("/jobs", json=job("late", schedule={"kind": "once", "run_at_ms": 1}))
+    assert past.status_code == 422 and past.json()["detail"] == [
+        {"field": "schedule.run_at_ms", "message": "1970-01-01T00:00:00.001+00:00 is in the past"}
+    ]
+    assert api.post("/jobs", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    batch = api.post("/jobs/batch", json={"jobs": [job("fine"), job("nope", schedule={"kind": "cron", "expr": "x"})]})
+    assert batch.status_code == 422 and batch.json()["detail"][0]["field"] == "jobs.1.schedule.expr"
+    assert api.put("/jobs/kept/schedule", json={"kind": "cron", "expr": "* * 32 * *"}).status_code == 422
+    assert api.get("/jobs/kept/runs", params={"limit": 0}).json()["detail"][0]["field"] == "limit"
+    assert api.get("/preview", params={"cron": "* *"}).status_code == 422
+    for method, path in (("get", "/jobs/ghost"), ("get", "/jobs/ghost/runs"), ("post", "/jobs/ghost/pause")):
+        missing = api.request(method, path)
+        assert missing.status_code == 404 and "ghost" in missing.json()["detail"]
+    assert api.get("/runs/ghost:1:0").status_code == 404
+    assert api.get("/runs/not-a-key").status_code == 422
+    api.post("/jobs/kept/cancel")
+    assert api.post("/jobs/kept/cancel").status_code == 409
+    assert [j["id"] for j in api.get("/jobs").json()] == ["kept"]
+
+
+def test_dead_letters_and_partitions_are_listed(api: TestClient, store_client: Client) -> None:
+    assert api.get("/dead-letters").json() == []
+    none = api.post("/dead-letters/redrive", json={"runs": ["ghost:1:0"]})
+    assert none.json() == {"redriven": [], "not_dead_letters": ["ghost:1:0"]}
+    assert api.post("/dead-letters/redrive", json={}).status_code == 422
+    assert api.post("/dead-letters/redrive", json={"all": True}).json() == {"redriven": [], "not_dead_letters": []}
+    parts = api.get("/partitions").json()
+    assert [p["partition"] for p in parts] == list(range(store_client.store.partitions))
+    health = api.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "degraded"  # no node leads here
+
+
+def test_a_token_guards_every_request_and_a_body_past_the_limit_is_refused(tmp_path: Path) -> None:
+    with (
+        Client(tmp_path / "api.db") as client,
+        TestClient(create_app(client, token="s3cret", max_body_bytes=2048)) as http,
+    ):
+        for path in ("/jobs", "/openapi.json", "/docs"):
+            refused = http.get(path)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        assert http.post("/jobs", json=job("sneaky")).status_code == 401
+        assert http.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        assert http.post("/jobs", json=job("fine"), headers=auth).status_code == 201
+        too_big = http.post("/jobs", json=job("big", payload={"x": "y" * 4096}), headers=auth)
+        assert too_big.status_code == 413 and "2,048 bytes" in too_big.json()["detail"]
+
+        def chunks() -> Iterator[bytes]:
+            yield b'{"id": "chunked", "payload": {"x": "'
+            yield b"y" * 4096
+            yield b'"}}'
+
+        chunked = http.post("/jobs", content=chunks(), headers={**auth, "content-type": "application/json"})
+        assert chunked.status_code == 413
+        assert [j["id"] for j in http.get("/jobs", headers=auth).json()] == ["fine"]
+        assert http.get("/openapi.json", headers=auth).json()["info"]["title"] == "pysched"
+
+
+# -- generated requests ------------------------------------------------------------------
+
+
+def _state(client: Client) -> list[tuple[str, str, int | None]]:
+    return [(r.job.id, r.state, r.next_run.due_ms if r.next_run else None) for r in client.ls()]
+
+
+def test_generated_requests_find_no_server_error_and_no_partial_write(tmp_path: Path) -> None:
+    client = Client(tmp_path / "gen.db")
+    client.add(job("seed"))
+    app = create_app(client)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    failures: list[str] = []
+    # /health answers 503 by design when no node leads (a readiness probe).
+    operations = [op.ok() for op in schema.get_all_operations() if op.ok().path != "/health"]
+    assert len(operations) >= 14
+    for operation in operations:
+
+        @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(case=operation.as_strategy())
+        def check(case: Any) -> None:
+            before = _state(client)
+            response = case.call()
+            if response.status_code >= 500:
+                failures.append(f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:200]}")
+                return
+            case.validate_response(response, checks=[not_a_server_error])
+            if response.status_code >= 400:
+                assert _state(client) == before, f"{case.method} {case.path} answered {response.status_code} but wrote"
+
+        check()
+    assert failures == []
+    client.close()
