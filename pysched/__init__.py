@@ -28,11 +28,13 @@ if TYPE_CHECKING:
         PythonTarget,
         RetryPolicy,
         ShellTarget,
+        SloPolicy,
         TemporalTarget,
     )
     from pysched.problems import InvalidJob, Problem
     from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunNotFound, RunRecord
     from pysched.scheduler import Scheduler, SchedulerStopped
+    from pysched.slo import SloReport
     from pysched.sync import Skipped, SyncReport
     from pysched.targets import RunContext
 
@@ -59,6 +61,8 @@ _HOMES = {
     "HttpTarget": "pysched.model",
     "TemporalTarget": "pysched.model",
     "RetryPolicy": "pysched.model",
+    "SloPolicy": "pysched.model",
+    "SloReport": "pysched.slo",
     "JobRecord": "pysched.protocols",
     "RunRecord": "pysched.protocols",
     "JobExists": "pysched.protocols",
@@ -98,6 +102,8 @@ __all__ = [
     "SchedulerStopped",
     "ShellTarget",
     "Skipped",
+    "SloPolicy",
+    "SloReport",
     "SyncReport",
     "TemporalTarget",
     "job",

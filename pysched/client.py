@@ -27,6 +27,7 @@ from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invali
 from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
 from pysched.registry import register, register_many, reschedule
 from pysched.registry import resume as resume_job
+from pysched.slo import SloReport, slo_report
 from pysched.stores.sqlite_db import Access
 from pysched.sync import SyncReport, sync_module
 from pysched.views import iso
@@ -36,6 +37,8 @@ DEFAULT_DB = "pysched.db"
 MAX_PREVIEW = 1_000
 # How far in the past a one-shot's time may be: the CLI's --at allows as much.
 PAST_SLACK_MS = 1_000
+# The newest runs of a job an SLO report reads: a month of a run a minute.
+MAX_SLO_RUNS = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +284,16 @@ class Client:
                 break
             fires.append(Fire(at, None if jitter_ms is None else at + jitter_ms, cron.dst_note(expr, zone, at)))
         return Preview(expr, zone, jitter_ms, tuple(fires))
+
+    def slo(self, job_id: str) -> SloReport:
+        """The job's fire-lag objective against the runs the store keeps of
+        it (pysched.slo). Raises JobNotFound."""
+        job = self.store.get_job(job_id).job
+        return slo_report(job, self.store.history(job_id, MAX_SLO_RUNS), self.clock.now_ms())
+
+    def slos(self) -> list[SloReport]:
+        """`slo` for every job that is not cancelled."""
+        return [self.slo(rec.job.id) for rec in self.store.list_jobs() if rec.state != "cancelled"]
 
     def leaders(self) -> list[PartitionLeader]:
         """Each partition's leader now (a lease that ran out leads nothing)."""

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from pysched.model import CatchUp, Job, Overlap
+from pysched.model import CatchUp, Job, Overlap, SloPolicy
 from pysched.problems import InvalidJob, Problem, invalid_from_validation
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -50,6 +50,7 @@ def job(
     max_delay: float | None = None,
     overlap: Overlap | None = None,
     payload: Mapping[str, Any] | None = None,
+    slo: SloPolicy | Mapping[str, Any] | None = None,
 ) -> Callable[[F], F]:
     """Declare the decorated module-level function a job: on ``cron`` (in
     zone ``tz``) or once ``at`` a time (naive: in ``tz``). Its id is
@@ -57,7 +58,8 @@ def job(
     the job's policies, as `pysched add` takes them: ``jitter`` (window in
     seconds), ``critical``, ``retries``, ``backoff`` (base and cap in
     seconds), ``retry_on``, ``timeout`` (seconds), ``catch_up``,
-    ``max_delay`` (seconds), ``overlap`` and ``payload``."""
+    ``max_delay`` (seconds), ``overlap``, ``payload`` and ``slo`` (a
+    `SloPolicy` or its fields: ``fire_lag_s``, ``objective``, ``window_days``)."""
 
     def declare(func: F) -> F:
         ref = f"{func.__module__}:{func.__name__}"
@@ -78,6 +80,7 @@ def job(
             ("max_delay_s", max_delay),
             ("overlap", overlap),
             ("payload", None if payload is None else dict(payload)),
+            ("slo", slo.model_dump() if isinstance(slo, SloPolicy) else None if slo is None else dict(slo)),
         ):
             if value is not None:
                 spec[key] = value

@@ -155,6 +155,16 @@ class RetryPolicy(_Strict):
         return self
 
 
+class SloPolicy(_Strict):
+    """The job's fire-lag objective: ``objective`` of its runs handed on
+    within ``fire_lag_s`` of their due time, over ``window_days`` (the
+    default: P99 within 1 s over 30 days)."""
+
+    fire_lag_s: float = Field(default=1.0, gt=0, le=86_400, allow_inf_nan=False)
+    objective: float = Field(default=0.99, gt=0, lt=1, allow_inf_nan=False)
+    window_days: int = Field(default=30, ge=1, le=366)
+
+
 CatchUp = Literal["skip", "run_once", "run_all", "deadline"]
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "run_once", "run_all", "deadline")
 DEFAULT_MAX_DELAY_S = 60.0
@@ -183,6 +193,7 @@ class Job(_Strict):
     # concurrencyPolicy and Celery beat: runs may overlap, and no job pays
     # for a per-job slot it did not ask for), forbid, replace or buffer_one.
     overlap: Overlap = "allow"
+    slo: SloPolicy = Field(default_factory=SloPolicy)
 
     @property
     def max_delay_ms(self) -> int:

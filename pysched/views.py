@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from pysched.protocols import FailedAttempt, JobRecord, RunRecord
+from pysched.slo import SloReport
 
 
 def iso(ms: int | None) -> str | None:
@@ -32,6 +33,7 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
         "catch_up": rec.job.catch_up,
         "max_delay_s": rec.job.max_delay_ms / 1000,
         "overlap": rec.job.overlap,
+        "slo": rec.job.slo.model_dump(),
         "jitter_ms": rec.jitter_ms,
         "partition": rec.partition,
         "created_at": iso(rec.created_at_ms),
@@ -77,4 +79,20 @@ def failure_json(failure: FailedAttempt) -> dict[str, Any]:
         "error": failure.error,
         "dead_lettered": failure.dead_lettered,
         "result": failure.result,
+    }
+
+
+def slo_json(report: SloReport) -> dict[str, Any]:
+    return {
+        "job_id": report.job_id,
+        "target_fire_lag_ms": report.fire_lag_ms,
+        "objective": report.objective,
+        "window_days": report.window_days,
+        "runs": report.runs,
+        "late": report.late,
+        "attainment": report.attainment,
+        "met": report.met,
+        "error_budget_remaining": report.budget_remaining,
+        "burn_rates": {b.window: {"runs": b.runs, "late": b.late, "rate": b.rate} for b in report.burn_rates},
+        "oldest_run_due_at": iso(report.oldest_due_ms),
     }

@@ -56,6 +56,9 @@ def test_jobs_are_added_read_changed_and_cancelled(api: TestClient) -> None:
     assert shown["state"] == "active" and shown["last_run"] is None and shown["missed"]["paused"] == 0
     assert api.get("/jobs/report/runs").json() == []
     assert len(api.get("/jobs/report/preview", params={"count": 3}).json()["fires"]) == 3
+    objective = api.get("/jobs/report/slo").json()
+    assert (objective["runs"], objective["attainment"], objective["objective"]) == (0, None, 0.99)
+    assert [r["job_id"] for r in api.get("/slo").json()] == ["report"]
     assert api.post("/jobs/report/pause").json()["state"] == "paused"
     assert api.post("/jobs/report/resume").json()["state"] == "active"
     moved = api.put("/jobs/report/schedule", json={"kind": "cron", "expr": "30 8 * * 1-5", "tz": "UTC"})

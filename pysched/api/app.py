@@ -25,7 +25,7 @@ from pysched.client import MAX_PREVIEW, Client, Preview, RunKey
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.problems import InvalidJob, Problem, problems_from_errors
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, RunNotFound, RunRecord
-from pysched.views import failure_json, iso, job_json, run_json
+from pysched.views import failure_json, iso, job_json, run_json, slo_json
 
 # Jobs in one batch: a bulk registration's unit; more go in several.
 MAX_BATCH = 10_000
@@ -134,6 +134,15 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
     @app.get("/jobs/{job_id}/preview", tags=["jobs"])
     def job_preview(job_id: str, count: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10) -> dict[str, Any]:
         return _preview_json(client.preview(job_id, count=count))
+
+    @app.get("/jobs/{job_id}/slo", tags=["slo"])
+    def job_slo(job_id: str) -> dict[str, Any]:
+        """The job's fire-lag objective: attainment, error budget, burn rates."""
+        return slo_json(client.slo(job_id))
+
+    @app.get("/slo", tags=["slo"])
+    def every_slo() -> list[dict[str, Any]]:
+        return [slo_json(r) for r in client.slos()]
 
     @app.post("/jobs/{job_id}/cancel", tags=["jobs"])
     def cancel_job(job_id: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from pysched.cli import api, breakers, catchup, deadletters, jobs, node, preview, sync
+from pysched.cli import api, breakers, catchup, deadletters, jobs, node, preview, slo, sync
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -24,6 +24,7 @@ breakers.register_commands(app)
 catchup.register_commands(app)
 sync.register_commands(app)
 api.register_commands(app)
+slo.register_commands(app)
 
 
 def main() -> None:

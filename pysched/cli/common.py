@@ -73,6 +73,9 @@ FLAG_FOR_FIELD = {
     "target.task_queue": "--task-queue",
     "target.args": "--temporal-args",
     "target.namespace": "--temporal-namespace",
+    "slo.fire_lag_s": "--slo-fire-lag",
+    "slo.objective": "--slo-objective",
+    "slo.window_days": "--slo-window",
 }
 
 

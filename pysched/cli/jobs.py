@@ -355,6 +355,19 @@ def add(
             " missed), replace (the running one is cancelled), or buffer_one (it waits; at most one waits).",
         ),
     ] = None,
+    slo_fire_lag: Annotated[
+        float | None,
+        typer.Option("--slo-fire-lag", help="Fire-lag objective: seconds a run may leave late (default 1)."),
+    ] = None,
+    slo_objective: Annotated[
+        float | None,
+        typer.Option(
+            "--slo-objective", help="Share of runs within --slo-fire-lag, above 0 and below 1 (default 0.99)."
+        ),
+    ] = None,
+    slo_window: Annotated[
+        int | None, typer.Option("--slo-window", help="Days the objective is measured over (default 30).")
+    ] = None,
     db: DbOption = DEFAULT_DB,
     config: ConfigOption = None,
     as_json: JsonOption = False,
@@ -388,6 +401,13 @@ def add(
         spec["overlap"] = overlap
     if payload is not None:
         spec["payload"] = _payload(payload)
+    slo = {
+        key: value
+        for key, value in (("fire_lag_s", slo_fire_lag), ("objective", slo_objective), ("window_days", slo_window))
+        if value is not None
+    }
+    if slo:
+        spec["slo"] = slo
     client = unopened_client(db, config, access="create")
     try:
         # Before the database is opened: a refused job creates no file.
