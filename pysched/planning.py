@@ -56,7 +56,9 @@ def plan_after_dispatch(rows: Sequence[Run], jobs: Mapping[str, JobPlanState], n
     completed: dict[str, None] = {}
     for row in rows:
         state = states.get(row.job_id)
-        if state is None or is_resend(state, row.run_at_ms):
+        # A run triggered beside the schedule (attempt group above 0)
+        # follows no schedule time: the schedule's own runs plan it.
+        if state is None or row.attempt_group != 0 or is_resend(state, row.run_at_ms):
             continue
         nxt, missed = catchup.next_run(state.job, state.jitter_ms, row.run_at_ms, now_ms)
         if nxt is None:
@@ -79,7 +81,7 @@ def planned_before(rows: Sequence[Run], jobs: Mapping[str, JobPlanState]) -> lis
     out: dict[str, NextRun] = {}
     for row in rows:
         state = jobs.get(row.job_id)
-        if state is None or state.next_run_at_ms is None or state.next_due_ms is None:
+        if state is None or row.attempt_group != 0 or state.next_run_at_ms is None or state.next_due_ms is None:
             continue
         if not is_resend(state, row.run_at_ms):
             continue

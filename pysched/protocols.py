@@ -180,6 +180,11 @@ class JobRecord:
     next_run: PlannedRun | None
 
 
+# Job states a run can be triggered in: a completed one-shot may be run
+# again; a paused job holds its runs until resumed.
+TRIGGERABLE = frozenset({"active", "completed"})
+
+
 class RunNotFound(LookupError):
     """No run with this identity."""
 
@@ -612,6 +617,14 @@ class ScheduleStore(Protocol):
         """Make a dead letter owed again, at once, as the next attempt of the
         same idempotency key (its failed attempts are kept; its retries
         are counted again from the redrive). False when the run is not a dead letter."""
+        ...
+
+    def trigger(self, job_id: str, now_ms: int) -> RunRecord:
+        """A run of the job now, once, beside its schedule, which it does
+        not move: run_at ``now_ms`` in an attempt group of its own (1, or
+        more when that key is taken), so its idempotency key is its own, and
+        owed at once. Raises JobNotFound, or JobNotActive for a job paused
+        (resume it first) or cancelled."""
         ...
 
     def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:

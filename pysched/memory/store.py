@@ -38,6 +38,7 @@ from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
     NEAR_MS,
     SETTLE_MS,
+    TRIGGERABLE,
     AttemptCount,
     BreakerRow,
     DispatchOutcome,
@@ -799,6 +800,17 @@ class MemoryScheduleStore:
                     out.append(_full_record(row))
             return out
 
+    def trigger(self, job_id: str, now_ms: int) -> RunRecord:
+        with self._op("trigger"):
+            current = self._row(job_id)
+            if current.state not in TRIGGERABLE:
+                paused = ": resume it first" if current.state == "paused" else ""
+                raise JobNotActive(f"job {job_id!r} is {current.state}{paused}")
+            group = max((g for at, g in self.tables.runs.get(job_id, {}) if at == now_ms), default=0) + 1
+            self._write_run(job_id, current.partition, PlannedRun(now_ms, now_ms + HAND_BACK_MS), group)
+            self.tables.bump(current.partition)
+        return self.get_run(job_id, now_ms, group)
+
     def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
         with self._op("redrive"):
             key = (job_id, run_at_ms, attempt_group)
@@ -890,13 +902,13 @@ class MemoryScheduleStore:
             return run
         return PlannedRun(run.run_at_ms, now_ms)
 
-    def _write_run(self, job_id: str, partition: int, run: PlannedRun) -> None:
+    def _write_run(self, job_id: str, partition: int, run: PlannedRun, group: int = 0) -> None:
         # Cassandra's INSERT: the listed columns are overwritten, the others
         # (a revived cancelled run's dispatch time, say) stay.
-        run_id = run_id_for(job_id, run.run_at_ms, 0)
-        key = (run.run_at_ms, 0)
+        run_id = run_id_for(job_id, run.run_at_ms, group)
+        key = (run.run_at_ms, group)
         old = self.tables.runs.get(job_id, {}).get(key)
-        new = RunRow(job_id, run.run_at_ms, 0, run_id, run.due_ms, partition, "scheduled")
+        new = RunRow(job_id, run.run_at_ms, group, run_id, run.due_ms, partition, "scheduled")
         if old is not None:
             new = replace_row(
                 old,
@@ -909,7 +921,7 @@ class MemoryScheduleStore:
                 ended_attempt=0,
             )
         self.tables.upsert_run(job_id, key, new)
-        self.tables.put_schedule(ScheduleRow(partition, run.due_ms, run_id, job_id, run.run_at_ms, 0))
+        self.tables.put_schedule(ScheduleRow(partition, run.due_ms, run_id, job_id, run.run_at_ms, group))
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
         """Cancel the job's runs handed on and not started, and those

@@ -51,6 +51,7 @@ from pysched.protocols import (
     DEFAULT_PARTITIONS,
     NEAR_MS,
     SETTLE_MS,
+    TRIGGERABLE,
     AttemptCount,
     BreakerRow,
     DispatchOutcome,
@@ -350,6 +351,7 @@ class CassandraScheduleStore:
             f"INSERT INTO {ks}.runs (job_id, run_at_ms, attempt_group, run_id, due_ms, partition, state, attempt,"
             " delivery, ended_attempt) VALUES (?, ?, ?, ?, ?, ?, 'scheduled', 0, 0, 0)"
         )
+        self._groups_at = p(f"SELECT attempt_group FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ?")
         self._insert_schedule = p(
             f"INSERT INTO {ks}.schedule (time_bucket, shard, due_ms, run_id, job_id, run_at_ms, attempt_group)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -1133,6 +1135,20 @@ class CassandraScheduleStore:
                 out.append(self._full_record(row))
         return out
 
+    def trigger(self, job_id: str, now_ms: int) -> RunRecord:
+        current = self._row(job_id)
+        if current.state not in TRIGGERABLE:
+            paused = ": resume it first" if current.state == "paused" else ""
+            raise JobNotActive(f"job {job_id!r} is {current.state}{paused}")
+        # Read, then one logged batch: two triggers of one job in the same
+        # millisecond may pick the same group, and are then one run.
+        taken = [r.attempt_group for r in self.session.execute(self._groups_at, (job_id, now_ms))]
+        group = max(taken, default=0) + 1
+        # Due ahead of any watermark, as a redriven run.
+        self._write_run(job_id, current.partition, PlannedRun(now_ms, now_ms + HAND_BACK_MS), group)
+        self.session.execute(self._bump, (current.partition,))
+        return self.get_run(job_id, now_ms, group)
+
     def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
         # Read, then plain writes: two redrives of one run at once both
         # write, and the two schedule rows are read as one delivery
@@ -1319,16 +1335,19 @@ class CassandraScheduleStore:
             pending = again
         return moved
 
-    def _add_run_rows(self, batch: BatchStatement, job_id: str, partition: int, run: PlannedRun) -> None:
-        run_id = run_id_for(job_id, run.run_at_ms, 0)
-        batch.add(self._insert_run, (job_id, run.run_at_ms, 0, run_id, run.due_ms, partition))
+    def _add_run_rows(
+        self, batch: BatchStatement, job_id: str, partition: int, run: PlannedRun, group: int = 0
+    ) -> None:
+        run_id = run_id_for(job_id, run.run_at_ms, group)
+        batch.add(self._insert_run, (job_id, run.run_at_ms, group, run_id, run.due_ms, partition))
         batch.add(
-            self._insert_schedule, (run.due_ms // BUCKET_MS, partition, run.due_ms, run_id, job_id, run.run_at_ms, 0)
+            self._insert_schedule,
+            (run.due_ms // BUCKET_MS, partition, run.due_ms, run_id, job_id, run.run_at_ms, group),
         )
 
-    def _write_run(self, job_id: str, partition: int, run: PlannedRun) -> None:
+    def _write_run(self, job_id: str, partition: int, run: PlannedRun, group: int = 0) -> None:
         batch = BatchStatement(batch_type=BatchType.LOGGED)
-        self._add_run_rows(batch, job_id, partition, run)
+        self._add_run_rows(batch, job_id, partition, run, group)
         self.session.execute(batch)
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:

@@ -14,6 +14,7 @@ from pysched.model import STORED, Job, Overlap, plannable_job
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
     NEAR_MS,
+    TRIGGERABLE,
     AttemptCount,
     BreakerRow,
     DispatchOutcome,
@@ -703,6 +704,25 @@ class SQLiteScheduleStore:
                 return False
             self._bump(conn, int(row[0]))
             return True
+
+    def trigger(self, job_id: str, now_ms: int) -> RunRecord:
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT state, partition FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            if row[0] not in TRIGGERABLE:
+                raise JobNotActive(f"job {job_id!r} is {row[0]}" + (": resume it first" if row[0] == "paused" else ""))
+            (group,) = conn.execute(
+                "SELECT coalesce(max(attempt_group), 0) + 1 FROM runs WHERE job_id = ? AND run_at_ms = ?",
+                (job_id, now_ms),
+            ).fetchone()
+            conn.execute(
+                "INSERT INTO runs (job_id, run_at_ms, due_ms, partition, state, attempt_group)"
+                " VALUES (?, ?, ?, ?, 'scheduled', ?)",
+                (job_id, now_ms, now_ms, row[1], group),
+            )
+            self._bump(conn, int(row[1]))
+        return self.get_run(job_id, now_ms, int(group))
 
     def _with_failures(self, run: RunRecord) -> RunRecord:
         rows = (
