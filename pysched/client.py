@@ -358,6 +358,14 @@ class Client:
         except JobRejected as exc:
             raise invalid_from_rejection(exc) from None
 
+    def trigger(self, job_id: str) -> RunRecord:
+        """Run the job now, once, beside its schedule (which it does not
+        move), as `kubectl create job --from=cronjob/...` does: a run with an
+        idempotency key of its own, handed on at once. A completed one-shot
+        may be run again; a paused job must be resumed first. Raises
+        JobNotFound, JobNotActive."""
+        return self.store.trigger(job_id, self.clock.now_ms())
+
     def replace(self, job: Job | Mapping[str, Any]) -> JobRecord:
         """Give an active job a new definition, schedule and all (what
         `sync` does for a declaration that changed); pending runs are

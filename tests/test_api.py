@@ -59,7 +59,10 @@ def test_jobs_are_added_read_changed_and_cancelled(api: TestClient) -> None:
     objective = api.get("/jobs/report/slo").json()
     assert (objective["runs"], objective["attainment"], objective["objective"]) == (0, None, 0.99)
     assert [r["job_id"] for r in api.get("/slo").json()] == ["report"]
+    triggered = api.post("/jobs/report/trigger")
+    assert triggered.status_code == 201 and triggered.json()["key"].startswith("report:")
     assert api.post("/jobs/report/pause").json()["state"] == "paused"
+    assert api.post("/jobs/report/trigger").status_code == 409
     assert api.post("/jobs/report/resume").json()["state"] == "active"
     moved = api.put("/jobs/report/schedule", json={"kind": "cron", "expr": "30 8 * * 1-5", "tz": "UTC"})
     assert moved.status_code == 200 and moved.json()["schedule"]["expr"] == "30 8 * * 1-5"
@@ -87,7 +90,12 @@ def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> No
     assert api.put("/jobs/kept/schedule", json={"kind": "cron", "expr": "* * 32 * *"}).status_code == 422
     assert api.get("/jobs/kept/runs", params={"limit": 0}).json()["detail"][0]["field"] == "limit"
     assert api.get("/preview", params={"cron": "* *"}).status_code == 422
-    for method, path in (("get", "/jobs/ghost"), ("get", "/jobs/ghost/runs"), ("post", "/jobs/ghost/pause")):
+    for method, path in (
+        ("get", "/jobs/ghost"),
+        ("get", "/jobs/ghost/runs"),
+        ("post", "/jobs/ghost/pause"),
+        ("post", "/jobs/ghost/trigger"),
+    ):
         missing = api.request(method, path)
         assert missing.status_code == 404 and "ghost" in missing.json()["detail"]
     assert api.get("/runs/ghost:1:0").status_code == 404

@@ -55,8 +55,22 @@ def test_the_scheduler_fires_the_processes_own_functions_and_outlives_their_fail
         # Still firing after both.
         client.add(one_shot("touches", f"{module}:touch", 200, path=str(tmp_path / "touched")))
         wait_for(lambda: state_of(client, "touches") == "succeeded", 60, "the run after the failures to succeed")
+        # A yearly job run now, once, beside its schedule.
+        yearly = client.add(
+            {
+                "id": "yearly",
+                "schedule": {"kind": "cron", "expr": "0 0 1 1 *"},
+                "target": {"kind": "python", "ref": f"{module}:touch"},
+                "payload": {"path": str(tmp_path / "yearly")},
+            }
+        )
+        run = client.trigger("yearly")
+        assert run.idempotency_key.endswith(":1")
+        wait_for(lambda: state_of(client, "yearly") == "succeeded", 60, "the triggered run to succeed")
+        assert client.get("yearly").next_run == yearly.next_run
     assert not scheduler.running
     assert (tmp_path / "touched").read_text() == "touches"
+    assert (tmp_path / "yearly").read_text() == "yearly"
     with Client(tmp_path / "app.db", access="read") as after:
         errors = {job: after.history(job)[0].error or "" for job in ("exits", "raises")}
     assert "SystemExit" in errors["exits"] and "no luck" in errors["raises"]

@@ -93,6 +93,9 @@ def test_the_cli_shows_a_jobs_objective_and_refuses_a_bad_one(tmp_path: Path) ->
     assert "tight" in cli("slo", db=db).stdout
     bad = cli("add", "x", "--in", "5", "--shell", "true", "--slo-objective", "1.5", db=db, check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error: --slo-objective:")
+    triggered = cli("trigger", "tight", db=db)
+    assert triggered.stdout.startswith("triggered tight: run tight:")
+    assert cli("trigger", "ghost", db=db, check=False).returncode == 3
     missing = cli("slo", "ghost", db=db, check=False)
     assert missing.returncode == 3 and "ghost" in missing.stderr
     assert json.loads(cli("show", "tight", "--json", db=db).stdout)["slo"]["window_days"] == 30

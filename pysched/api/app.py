@@ -144,6 +144,12 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
     def every_slo() -> list[dict[str, Any]]:
         return [slo_json(r) for r in client.slos()]
 
+    @app.post("/jobs/{job_id}/trigger", status_code=201, tags=["jobs"])
+    def trigger_job(job_id: str) -> dict[str, Any]:
+        """Run the job now, once, beside its schedule."""
+        run = client.trigger(job_id)
+        return {"key": run.idempotency_key, **run_json(run)}
+
     @app.post("/jobs/{job_id}/cancel", tags=["jobs"])
     def cancel_job(job_id: str) -> dict[str, Any]:
         return job_json(client.cancel(job_id))

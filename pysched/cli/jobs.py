@@ -557,6 +557,29 @@ def resume(
     _print_job(_change_job(Client.resume, job_id, db, config), as_json, "resumed")
 
 
+def trigger(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    db: DbOption = DEFAULT_DB,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a job now, once, beside its schedule (which it does not move):
+    a run with an idempotency key of its own. A completed one-shot runs
+    again; a paused job must be resumed first."""
+    client = open_client(db, config, access="write")
+    try:
+        run = client.trigger(job_id)
+    except JobNotFound as exc:
+        fail(str(exc), EXIT_NO_SUCH_JOB)
+    except JobNotActive as exc:
+        fail(str(exc))
+    if as_json:
+        echo_json({"key": run.idempotency_key, **run_json(run)})
+        return
+    typer.echo(f"triggered {job_id}: run {run.idempotency_key}, due {iso(run.due_ms)}")
+    warn_without_scheduler(client.store, db)
+
+
 def reschedule_cmd(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     cron_expr: Annotated[str | None, typer.Option("--cron", help="New cron expression.")] = None,
@@ -595,3 +618,4 @@ def register_commands(app: typer.Typer) -> None:
     app.command()(pause)
     app.command()(resume)
     app.command("reschedule")(reschedule_cmd)
+    app.command()(trigger)
