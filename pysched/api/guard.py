@@ -1,5 +1,5 @@
-"""What every request passes before a route: the bearer token, when one is
-configured, and the size limit of its body.
+"""What every request passes before a route: the bearer token (or the
+dashboard's cookie), when one is configured, and the size limit of its body.
 
 Plain ASGI middleware, so that they also guard what FastAPI serves itself
 (/openapi.json, /docs) and a refused request reaches no route: a write
@@ -7,14 +7,54 @@ without auth or too large changes nothing."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import secrets
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # A job's payload may have 1 MiB as JSON; the rest of a job is small. A batch
 # of jobs may have this much in all.
 MAX_BODY_BYTES = 4 * 1024 * 1024
+# The dashboard's login cookie (HttpOnly, SameSite=Strict): a browser cannot
+# send a bearer header with a page load.
+TOKEN_COOKIE = "pysched_token"
+# Methods that change nothing: the only ones a cookie is enough for without
+# an Origin check.
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def cookie_value(token: str) -> str:
+    """What the login cookie holds: derived from the token (HMAC), so that a
+    leaked cookie does not show the token a script would use, and safe as a
+    cookie value whatever the token's characters."""
+    return hmac.new(token.encode(), b"pysched dashboard cookie", hashlib.sha256).hexdigest()
+
+
+def _cookie(headers: dict[bytes, bytes], name: str) -> bytes:
+    try:
+        jar = SimpleCookie(headers.get(b"cookie", b"").decode("latin-1"))
+    except CookieError:
+        return b""
+    morsel = jar.get(name)
+    return morsel.value.encode("latin-1") if morsel is not None else b""
+
+
+def same_origin(scope: Scope) -> bool:
+    """Whether a request comes from a page of this server: its Origin (or,
+    failing that, its Referer) names the scheme and host it was sent to. A
+    form another site posts here names that site, and a request naming
+    neither is refused."""
+    headers = dict(scope["headers"])
+    host = headers.get(b"host", b"").decode("latin-1")
+    origin = headers.get(b"origin", b"").decode("latin-1")
+    if not origin or origin == "null":
+        referer = urlsplit(headers.get(b"referer", b"").decode("latin-1"))
+        origin = f"{referer.scheme}://{referer.netloc}" if referer.netloc else ""
+    return bool(host) and origin == f"{scope.get('scheme', 'http')}://{host}"
 
 
 async def _refuse(send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -30,25 +70,60 @@ async def _refuse(send: Send, status: int, detail: str, headers: list[tuple[byte
     await send({"type": "http.response.body", "body": body})
 
 
-class BearerToken:
-    """Every request needs ``Authorization: Bearer TOKEN`` (compared in
-    constant time); without one, 401 and nothing runs."""
+def _matches(path: str, patterns: tuple[str, ...]) -> bool:
+    """A pattern ending in a slash (but "/" itself) is a prefix; others match exactly."""
+    return any(path == p or (p != "/" and p.endswith("/") and path.startswith(p)) for p in patterns)
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+
+class BearerToken:
+    """Every request needs ``Authorization: Bearer TOKEN`` or the login
+    cookie (each compared in constant time); without one, 401 and nothing
+    runs, or for a page (a path under ``pages``, GET), a redirect to
+    ``login``. Paths under ``open_paths`` (the login form, its CSS) need
+    neither. A write with the cookie alone must come from this origin
+    (`same_origin`): SameSite=Strict keeps other sites' requests from
+    carrying it, and this check holds for browsers that would."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str,
+        *,
+        login: str | None = None,
+        open_paths: tuple[str, ...] = (),
+        pages: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode()
+        self.cookie = cookie_value(token).encode()
+        self.login = login
+        self.open_paths = open_paths
+        self.pages = pages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not secrets.compare_digest(given, self.expected):
-            await _refuse(
-                send, 401, "a bearer token is required: Authorization: Bearer TOKEN", [(b"www-authenticate", b"Bearer")]
-            )
+        path: str = scope["path"]
+        if _matches(path, self.open_paths):
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        bearer = secrets.compare_digest(headers.get(b"authorization", b""), self.expected)
+        cookie = secrets.compare_digest(_cookie(headers, TOKEN_COOKIE), self.cookie)
+        if bearer or cookie:
+            if not bearer and scope["method"] not in _SAFE_METHODS and not same_origin(scope):
+                await _refuse(send, 403, "a write with the dashboard's cookie must come from the dashboard's own pages")
+                return
+            await self.app(scope, receive, send)
+            return
+        if self.login is not None and scope["method"] == "GET" and _matches(path, self.pages):
+            await send({"type": "http.response.start", "status": 303, "headers": [(b"location", self.login.encode())]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await _refuse(
+            send, 401, "a bearer token is required: Authorization: Bearer TOKEN", [(b"www-authenticate", b"Bearer")]
+        )
 
 
 class BodyLimit:
