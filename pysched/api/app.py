@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from pysched.api.guard import MAX_BODY_BYTES, BearerToken, BodyLimit
+from pysched.api.ui import LOGIN_PATH, OPEN_PATHS, PAGE_PATHS, dashboard
 from pysched.client import MAX_PREVIEW, Client, Preview, RunKey
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.problems import InvalidJob, Problem, problems_from_errors
@@ -222,10 +223,12 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         }
         return JSONResponse(status_code=200 if not unled else 503, content=body)
 
+    app.include_router(dashboard(client, token=token))
+
     # The last added runs first: the token is checked before the body is read.
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     if token is not None:
-        app.add_middleware(BearerToken, token=token)
+        app.add_middleware(BearerToken, token=token, login=LOGIN_PATH, open_paths=OPEN_PATHS, pages=PAGE_PATHS)
     return app
 
 
