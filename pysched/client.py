@@ -80,6 +80,26 @@ class RunKey:
     def __str__(self) -> str:
         return f"{self.job_id}:{self.run_at_ms}:{self.attempt_group}"
 
+    @classmethod
+    def parse(cls, text: str) -> RunKey:
+        """JOB:RUN_AT_MS:GROUP, as dead letters show it; ValueError for
+        anything else (digits alone, within the stores' integers)."""
+        job_id, sep, rest = text.partition(":")
+        run_at, sep2, group = rest.partition(":")
+        if not (
+            job_id
+            and sep
+            and sep2
+            and run_at.isascii()
+            and run_at.isdigit()
+            and group.isascii()
+            and group.isdigit()
+            and int(run_at) < 2**63
+            and int(group) < 2**31
+        ):
+            raise ValueError(f"a run's key, JOB:RUN_AT_MS:GROUP such as nightly:1764806400000:0; got {text!r}")
+        return cls(job_id, int(run_at), int(group))
+
 
 @dataclass(frozen=True, slots=True)
 class Redriven:

@@ -96,3 +96,13 @@ def slo_json(report: SloReport) -> dict[str, Any]:
         "burn_rates": {b.window: {"runs": b.runs, "late": b.late, "rate": b.rate} for b in report.burn_rates},
         "oldest_run_due_at": iso(report.oldest_due_ms),
     }
+
+
+def dead_letter_json(run: RunRecord) -> dict[str, Any]:
+    """A run that failed for good, with every failed attempt."""
+    return {
+        "key": run.idempotency_key,
+        "job_id": run.job_id,
+        **run_json(run),
+        "failures": [failure_json(f) for f in run.failures],
+    }

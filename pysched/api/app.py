@@ -26,7 +26,7 @@ from pysched.client import MAX_PREVIEW, Client, Preview, RunKey
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.problems import InvalidJob, Problem, problems_from_errors
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, RunNotFound, RunRecord
-from pysched.views import failure_json, iso, job_json, run_json, slo_json
+from pysched.views import dead_letter_json, iso, job_json, run_json, slo_json
 
 # Jobs in one batch: a bulk registration's unit; more go in several.
 MAX_BATCH = 10_000
@@ -59,13 +59,10 @@ def _detail(status: int, exc: Exception) -> JSONResponse:
 
 
 def _run_key(text: str) -> RunKey:
-    job_id, _, rest = text.partition(":")
-    run_at, _, group = rest.partition(":")
-    if not (job_id and run_at.isascii() and run_at.isdigit() and group.isascii() and group.isdigit()):
-        raise InvalidJob((Problem("runs", f"a run key, JOB:RUN_AT_MS:GROUP; got {text!r}"),))
-    if int(run_at) >= 2**63 or int(group) >= 2**31:
-        raise InvalidJob((Problem("runs", f"a run key within range; got {text!r}"),))
-    return RunKey(job_id, int(run_at), int(group))
+    try:
+        return RunKey.parse(text)
+    except ValueError as exc:
+        raise InvalidJob((Problem("runs", str(exc)),)) from None
 
 
 def _preview_json(shown: Preview) -> dict[str, Any]:
@@ -74,15 +71,6 @@ def _preview_json(shown: Preview) -> dict[str, Any]:
         "tz": shown.tz,
         "jitter_ms": shown.jitter_ms,
         "fires": [{"at": iso(f.at_ms), "due_at": iso(f.due_ms), "dst": f.dst} for f in shown.fires],
-    }
-
-
-def _dead_letter_json(run: RunRecord) -> dict[str, Any]:
-    return {
-        "key": run.idempotency_key,
-        "job_id": run.job_id,
-        **run_json(run),
-        "failures": [failure_json(f) for f in run.failures],
     }
 
 
@@ -179,11 +167,11 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
 
     @app.get("/dead-letters", tags=["dead letters"])
     def dead_letters(limit: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> list[dict[str, Any]]:
-        return [_dead_letter_json(r) for r in client.dead_letters(limit)]
+        return [dead_letter_json(r) for r in client.dead_letters(limit)]
 
     @app.get("/runs/{key}", tags=["dead letters"])
     def get_run(key: str) -> dict[str, Any]:
-        return _dead_letter_json(client.get_run(_run_key(key)))
+        return dead_letter_json(client.get_run(_run_key(key)))
 
     @app.post("/dead-letters/redrive", tags=["dead letters"])
     def redrive(request: RedriveRequest) -> dict[str, list[str]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -20,9 +20,10 @@ from pysched.cli.common import (
     fail,
     open_store,
 )
+from pysched.client import RunKey
 from pysched.downstream import downstream_of
-from pysched.protocols import JobNotFound, RunNotFound, RunRecord, ScheduleStore
-from pysched.views import failure_json, iso, run_json
+from pysched.protocols import JobNotFound, RunNotFound, ScheduleStore
+from pysched.views import dead_letter_json, iso
 
 app = typer.Typer(no_args_is_help=True, help="Dead letters: runs that failed for good.")
 
@@ -32,31 +33,11 @@ _TARGET = re.compile(r"^(http|python|shell):\S.*$")
 
 
 def _run_key(value: str) -> tuple[str, int, int]:
-    job_id, sep, rest = value.partition(":")
-    run_at, sep2, group = rest.partition(":")
-    # Digits alone, and within the store's 64-bit integers.
-    if not (
-        job_id
-        and sep
-        and sep2
-        and run_at.isascii()
-        and run_at.isdigit()
-        and group.isascii()
-        and group.isdigit()
-        and int(run_at) < 2**63
-        and int(group) < 2**31
-    ):
-        fail(f"RUN: a run's key, JOB:RUN_AT_MS:GROUP such as nightly:1764806400000:0; got {value!r}")
-    return job_id, int(run_at), int(group)
-
-
-def _dead_letter_json(run: RunRecord) -> dict[str, Any]:
-    return {
-        "key": run.idempotency_key,
-        "job_id": run.job_id,
-        **run_json(run),
-        "failures": [failure_json(f) for f in run.failures],
-    }
+    try:
+        key = RunKey.parse(value)
+    except ValueError as exc:
+        fail(f"RUN: {exc}")
+    return key.job_id, key.run_at_ms, key.attempt_group
 
 
 def _target(value: str | None) -> str | None:
@@ -93,7 +74,7 @@ def ls(
     if target is not None:
         runs = [r for r in runs if _downstream(store, r.job_id) == target]
     if as_json:
-        echo_json([_dead_letter_json(r) for r in runs])
+        echo_json([dead_letter_json(r) for r in runs])
         return
     table = Table("run", "failed at", "attempts", "last error")
     for r in runs:
@@ -115,7 +96,7 @@ def show(
         record = store.get_run(job_id, run_at, group)
     except RunNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
-    data = _dead_letter_json(record)
+    data = dead_letter_json(record)
     if as_json:
         echo_json(data)
         return

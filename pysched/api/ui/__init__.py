@@ -164,7 +164,8 @@ def dashboard(client: Client, *, token: str | None) -> APIRouter:
             return refused("the redrive came from another site")
         form = _form(await request.body())
         try:
-            key = RunKey(form["job_id"], int(form["run_at_ms"]), int(form.get("group", "0")))
+            # Checked as a typed key is: digits within the stores' integers.
+            key = RunKey.parse(f"{form['job_id']}:{form['run_at_ms']}:{form.get('group', '0')}")
         except (KeyError, ValueError):
             return document(
                 "Bad request", Html(tag("h1", "Bad request") + tag("p", "The form names no run.")), status=400
