@@ -16,35 +16,17 @@ from schemathesis.checks import not_a_server_error
 
 from pysched import Client
 from pysched.api.app import create_app
-from tests.conftest import cluster_config_for
-from tests.helpers import write_config
+from tests.test_client import client
+from tests.test_client import shell_job as job
 
-
-@pytest.fixture(params=["sqlite", pytest.param("cluster", marks=pytest.mark.cluster)])
-def store_client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Client]:
-    if request.param == "sqlite":
-        opened = Client(tmp_path / "api.db")
-    else:
-        services = request.getfixturevalue("services")
-        config = cluster_config_for(services, request.getfixturevalue("keyspace"), partitions=4, kafka_partitions=2)
-        opened = Client(config=write_config(tmp_path / "cluster.toml", config.model_dump()))
-    with opened:
-        yield opened
+# The Client on each engine, as the Client's own tests have it.
+store_client = client
 
 
 @pytest.fixture
 def api(store_client: Client) -> Iterator[TestClient]:
     with TestClient(create_app(store_client)) as http:
         yield http
-
-
-def job(job_id: str, **changes: Any) -> dict[str, Any]:
-    return {
-        "id": job_id,
-        "schedule": {"kind": "cron", "expr": "0 9 * * *", "tz": "Europe/Paris"},
-        "target": {"kind": "shell", "command": "true"},
-        **changes,
-    }
 
 
 def test_jobs_are_added_read_changed_and_cancelled(api: TestClient) -> None:
