@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from pysched.cli.common import (
-    CLOCK,
     DEFAULT_DB,
     EXIT_NO_SUCH_JOB,
     ConfigOption,
@@ -18,11 +17,11 @@ from pysched.cli.common import (
     console,
     echo_json,
     fail,
-    open_store,
+    open_client,
 )
-from pysched.client import RunKey
+from pysched.client import Client, RunKey
 from pysched.downstream import downstream_of
-from pysched.protocols import JobNotFound, RunNotFound, ScheduleStore
+from pysched.protocols import JobNotFound, RunNotFound
 from pysched.views import dead_letter_json, iso
 
 app = typer.Typer(no_args_is_help=True, help="Dead letters: runs that failed for good.")
@@ -32,12 +31,11 @@ _LIMIT = 100_000
 _TARGET = re.compile(r"^(http|python|shell):\S.*$")
 
 
-def _run_key(value: str) -> tuple[str, int, int]:
+def _run_key(value: str) -> RunKey:
     try:
-        key = RunKey.parse(value)
+        return RunKey.parse(value)
     except ValueError as exc:
         fail(f"RUN: {exc}")
-    return key.job_id, key.run_at_ms, key.attempt_group
 
 
 def _target(value: str | None) -> str | None:
@@ -46,9 +44,9 @@ def _target(value: str | None) -> str | None:
     return value
 
 
-def _downstream(store: ScheduleStore, job_id: str) -> str | None:
+def _downstream(client: Client, job_id: str) -> str | None:
     try:
-        return downstream_of(store.get_job(job_id).job.target)
+        return downstream_of(client.get(job_id).job.target)
     except JobNotFound:
         return None
 
@@ -69,10 +67,10 @@ def ls(
 ) -> None:
     """List dead letters, newest failure first."""
     target = _target(target)
-    store = open_store(db, config, access="read")
-    runs = store.dead_letters(limit)
+    client = open_client(db, config, access="read")
+    runs = client.dead_letters(limit)
     if target is not None:
-        runs = [r for r in runs if _downstream(store, r.job_id) == target]
+        runs = [r for r in runs if _downstream(client, r.job_id) == target]
     if as_json:
         echo_json([dead_letter_json(r) for r in runs])
         return
@@ -90,10 +88,10 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """One run with every failed attempt: when, where, and why."""
-    job_id, run_at, group = _run_key(run)
-    store = open_store(db, config, access="read")
+    key = _run_key(run)
+    client = open_client(db, config, access="read")
     try:
-        record = store.get_run(job_id, run_at, group)
+        record = client.get_run(key)
     except RunNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     data = dead_letter_json(record)
@@ -131,15 +129,15 @@ def redrive(
         fail("--target: applies only with --all")
     target = _target(target)
     keys = [_run_key(r) for r in runs or []]
-    store = open_store(db, config, access="write")
+    client = open_client(db, config, access="write")
     if all_runs:
-        dead = store.dead_letters(_LIMIT)
+        dead = client.dead_letters(_LIMIT)
         if target is not None:
-            dead = [r for r in dead if _downstream(store, r.job_id) == target]
-        keys = [(r.job_id, r.run_at_ms, r.attempt_group) for r in dead]
-    now = CLOCK.now_ms()
-    done = [f"{j}:{t}:{g}" for j, t, g in keys if store.redrive(j, t, g, now)]
-    missed = [f"{j}:{t}:{g}" for j, t, g in keys if f"{j}:{t}:{g}" not in done]
+            dead = [r for r in dead if _downstream(client, r.job_id) == target]
+        keys = [RunKey(r.job_id, r.run_at_ms, r.attempt_group) for r in dead]
+    outcome = client.redrive(keys)
+    done = [str(k) for k in outcome.redriven]
+    missed = [str(k) for k in outcome.not_dead_letters]
     if as_json:
         echo_json({"redriven": done, "not_dead_letters": missed})
     else:
