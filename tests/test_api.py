@@ -4,6 +4,8 @@ property test from /openapi.json that finds no 5xx and no partial write."""
 
 from __future__ import annotations
 
+import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,11 +15,15 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pysched import Client
 from pysched.api.app import create_app
 from tests.test_client import client
 from tests.test_client import shell_job as job
+
+# Without a token the API answers only to loopback names.
+LOCAL = "http://127.0.0.1"
 
 # The Client on each engine, as the Client's own tests have it.
 store_client = client
@@ -25,7 +31,7 @@ store_client = client
 
 @pytest.fixture
 def api(store_client: Client) -> Iterator[TestClient]:
-    with TestClient(create_app(store_client)) as http:
+    with TestClient(create_app(store_client), base_url=LOCAL) as http:
         yield http
 
 
@@ -66,7 +72,10 @@ def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> No
     assert past.status_code == 422 and past.json()["detail"] == [
         {"field": "schedule.run_at_ms", "message": "1970-01-01T00:00:00.001+00:00 is in the past"}
     ]
-    assert api.post("/jobs", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    not_json = api.post("/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert not_json.status_code == 422 and not_json.json()["detail"][0]["message"].startswith("the body is not JSON")
+    empty = api.post("/jobs", headers={"content-type": "application/json"})
+    assert empty.json()["detail"] == [{"field": "", "message": "a JSON body is required"}]
     batch = api.post("/jobs/batch", json={"jobs": [job("fine"), job("nope", schedule={"kind": "cron", "expr": "x"})]})
     assert batch.status_code == 422 and batch.json()["detail"][0]["field"] == "jobs.1.schedule.expr"
     assert api.put("/jobs/kept/schedule", json={"kind": "cron", "expr": "* * 32 * *"}).status_code == 422
@@ -79,7 +88,7 @@ def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> No
         ("post", "/jobs/ghost/trigger"),
     ):
         missing = api.request(method, path)
-        assert missing.status_code == 404 and "ghost" in missing.json()["detail"]
+        assert missing.status_code == 404 and missing.json()["detail"] == "no job 'ghost'"
     assert api.get("/runs/ghost:1:0").status_code == 404
     assert api.get("/runs/not-a-key").status_code == 422
     api.post("/jobs/kept/cancel")
@@ -102,7 +111,7 @@ def test_dead_letters_and_partitions_are_listed(api: TestClient, store_client: C
 def test_a_token_guards_every_request_and_a_body_past_the_limit_is_refused(tmp_path: Path) -> None:
     with (
         Client(tmp_path / "api.db") as client,
-        TestClient(create_app(client, token="s3cret", max_body_bytes=2048)) as http,
+        TestClient(create_app(client, token="s3cret", max_body_bytes=2048), base_url=LOCAL) as http,
     ):
         for path in ("/jobs", "/openapi.json", "/docs"):
             refused = http.get(path)
@@ -125,6 +134,52 @@ def test_a_token_guards_every_request_and_a_body_past_the_limit_is_refused(tmp_p
         assert http.get("/openapi.json", headers=auth).json()["info"]["title"] == "pysched"
 
 
+def test_the_docs_page_needs_nothing_from_outside_the_machine(api: TestClient) -> None:
+    page = api.get("/docs")
+    assert page.status_code == 200
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert assets and all(a.startswith("/") for a in assets), assets
+    for asset in assets:
+        assert api.get(asset).status_code == 200, asset
+
+
+def test_without_a_token_only_loopback_names_and_no_other_site_may_write(tmp_path: Path) -> None:
+    client = Client(tmp_path / "api.db")
+    client.add(job("hello"))
+    with client, TestClient(create_app(client, max_body_bytes=2048), base_url=LOCAL) as http:
+        # DNS rebinding: another site's name pointed at 127.0.0.1.
+        rebound = {"host": "rebind.evil.example:8080", "origin": "http://rebind.evil.example:8080"}
+        assert http.get("/jobs", headers=rebound).status_code == 421
+        assert http.post("/jobs", json=job("pwned"), headers=rebound).status_code == 421
+        for name in ("localhost:8080", "127.0.0.1", "[::1]:80"):
+            assert http.get("/jobs", headers={"host": name}).status_code == 200, name
+        # A form another site's page posts: no body, no preflight.
+        foreign = {"origin": "https://evil.example", "content-type": "application/x-www-form-urlencoded"}
+        assert http.post("/jobs/hello/trigger", headers=foreign).status_code == 403
+        assert http.post("/jobs/hello/pause", headers={"sec-fetch-site": "cross-site"}).status_code == 403
+        # A body sent in chunks to a route that reads none.
+        chunked = http.post("/jobs/hello/pause", content=iter([b"x" * 1500, b"y" * 1500]))
+        assert chunked.status_code == 413
+        assert client.get("hello").state == "active"
+        assert client.history("hello") == []
+        # Scripts (no Origin) and this origin's pages may.
+        assert http.post("/jobs/hello/pause").status_code == 200
+        assert http.post("/jobs/hello/resume", headers={"origin": LOCAL}).status_code == 200
+
+
+def test_a_store_that_does_not_answer_is_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = Client(tmp_path / "api.db")
+
+    def locked(job: object) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(client, "add", locked)
+    with client, TestClient(create_app(client), base_url=LOCAL) as http:
+        busy = http.post("/jobs", json=job("hello"))
+    assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+    assert busy.json()["detail"] == "the store did not answer: OperationalError: database is locked"
+
+
 # -- generated requests ------------------------------------------------------------------
 
 
@@ -132,10 +187,23 @@ def _state(client: Client) -> list[tuple[str, str, int | None]]:
     return [(r.job.id, r.state, r.next_run.due_ms if r.next_run else None) for r in client.ls()]
 
 
+def addressed_to_loopback(app: ASGIApp) -> ASGIApp:
+    """Requests as a local client sends them (schemathesis names its own
+    host; the host check has its own test)."""
+
+    async def local(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"host"]
+            scope = {**scope, "headers": [*headers, (b"host", b"127.0.0.1")]}
+        await app(scope, receive, send)
+
+    return local
+
+
 def test_generated_requests_find_no_server_error_and_no_partial_write(tmp_path: Path) -> None:
     client = Client(tmp_path / "gen.db")
     client.add(job("seed"))
-    app = create_app(client)
+    app = addressed_to_loopback(create_app(client))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     failures: list[str] = []
     # /health answers 503 by design when no node leads (a readiness probe).

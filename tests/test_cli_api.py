@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -35,7 +36,7 @@ def call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
 @pytest.mark.slow
 def test_a_node_serves_the_api_and_fires_what_it_adds(tmp_path: Path) -> None:
     db, log = tmp_path / "jobs.db", tmp_path / "node.log"
-    node = start_node(db, tmp_path, log, "--api", "0", "--workers", "1")
+    node = start_node(db, tmp_path, log, "--api", "0", "--workers", "1", "--quiet")
     try:
         wait_for(lambda: api_url(log) is not None, 60, "the API's address in the log", log)
         url = api_url(log)
@@ -65,14 +66,30 @@ def test_the_api_refuses_an_exposed_address_without_a_token_and_a_taken_port(tmp
     exposed = subprocess.run(
         [*PYSCHED, "api", "--db", str(db), "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60
     )
-    assert exposed.returncode == 2 and exposed.stderr.startswith("error: --host: 0.0.0.0 is reachable")
+    assert exposed.returncode == 2 and exposed.stderr.startswith("error: --host: 0.0.0.0 is not a loopback address")
     node = subprocess.run(
         [*PYSCHED, "up", "--db", str(db), "--api", "1", "--api-host", "0.0.0.0"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert node.returncode == 2 and node.stderr.startswith("error: --api-host: 0.0.0.0 is reachable")
+    assert node.returncode == 2 and node.stderr.startswith("error: --api-host: 0.0.0.0 is not a loopback address")
+    weak = subprocess.run(
+        [*PYSCHED, "api", "--db", str(db), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYSCHED_API_TOKEN": "short"},
+    )
+    assert weak.returncode == 2 and weak.stderr.startswith("error: PYSCHED_API_TOKEN: at least 16")
+    nowhere = subprocess.run(
+        [*PYSCHED, "api", "--db", str(db), "--host", "no-such-host.invalid"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYSCHED_API_TOKEN": "a-long-enough-token-0123"},
+    )
+    assert nowhere.returncode == 2 and nowhere.stderr.startswith("error: --host: 'no-such-host.invalid' is not an")
     with socket_taken() as port:
         taken = subprocess.run(
             [*PYSCHED, "api", "--db", str(db), "--port", str(port)], capture_output=True, text=True, timeout=60

@@ -13,14 +13,16 @@ that cannot be reached. A refused request stores nothing.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, Field
 
-from pysched.api.guard import MAX_BODY_BYTES, BearerToken, BodyLimit
+from pysched.api.guard import MAX_BODY_BYTES, BearerToken, BodyLimit, CrossSiteWrites, LoopbackHosts
 from pysched.api.ui import LOGIN_PATH, OPEN_PATHS, PAGE_PATHS, dashboard
 from pysched.client import MAX_PREVIEW, Client, Preview, RunKey
 from pysched.model import CronSchedule, Job, OnceSchedule
@@ -51,11 +53,40 @@ def _problems(problems: tuple[Problem, ...] | list[Problem]) -> JSONResponse:
 
 
 def _request_problems(exc: RequestValidationError) -> JSONResponse:
-    return _problems(problems_from_errors(exc.errors(), outside=_LOCATIONS))
+    errors = list(exc.errors())
+    # A body that is no JSON at all, or none: said so, not as a field.
+    for err in errors:
+        if err.get("type") == "json_invalid":
+            reason = (err.get("ctx") or {}).get("error", "")
+            return _problems([Problem("", f"the body is not JSON: {reason}".rstrip(": "))])
+        if err.get("type") == "missing" and tuple(err.get("loc", ())) == ("body",):
+            return _problems([Problem("", "a JSON body is required")])
+    return _problems(problems_from_errors(errors, outside=_LOCATIONS))
 
 
 def _detail(status: int, exc: Exception) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"detail": str(exc).strip("'\"")})
+    return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+
+def _unavailable(exc: Exception) -> JSONResponse:
+    return JSONResponse(
+        status_code=503,
+        content={"detail": f"the store did not answer: {type(exc).__name__}: {exc}"},
+        headers={"retry-after": "1"},
+    )
+
+
+def _store_unavailable_errors() -> tuple[type[Exception], ...]:
+    """What a store raises when it is busy or out of reach, not wrong: the
+    embedded database locked by another writer past its timeout, the
+    cluster's driver without a host or an answer in time."""
+    errors: list[type[Exception]] = [ConnectionError, TimeoutError, sqlite3.OperationalError]
+    try:
+        from cassandra import DriverException, RequestExecutionException
+        from cassandra.cluster import NoHostAvailable
+    except ImportError:  # the cluster extra is not installed
+        return tuple(errors)
+    return (*errors, DriverException, RequestExecutionException, NoHostAvailable)
 
 
 def _run_key(text: str) -> RunKey:
@@ -78,7 +109,8 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
     """The API over ``client``'s store (opened now: a store that cannot be
     opened fails here, not at the first request)."""
     client.store  # noqa: B018
-    app = FastAPI(
+    app = FastAPIOffline(
+        redoc_url=None,
         title="pysched",
         summary="Jobs, runs, dead letters and partitions of a pysched scheduler.",
         version="1",
@@ -89,7 +121,8 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
     app.add_exception_handler(RunNotFound, lambda _r, e: _detail(404, e))
     app.add_exception_handler(JobExists, lambda _r, e: _detail(409, e))
     app.add_exception_handler(JobNotActive, lambda _r, e: _detail(409, e))
-    app.add_exception_handler(ConnectionError, lambda _r, e: _detail(503, e))
+    for unavailable in _store_unavailable_errors():
+        app.add_exception_handler(unavailable, lambda _r, e: _unavailable(e))
 
     @app.get("/jobs", tags=["jobs"])
     def list_jobs() -> list[dict[str, Any]]:
@@ -213,10 +246,14 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
 
     app.include_router(dashboard(client, token=token))
 
-    # The last added runs first: the token is checked before the body is read.
+    # The last added runs first: the host and the token are checked before
+    # anything else, the body is read last.
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(CrossSiteWrites)
     if token is not None:
         app.add_middleware(BearerToken, token=token, login=LOGIN_PATH, open_paths=OPEN_PATHS, pages=PAGE_PATHS)
+    else:
+        app.add_middleware(LoopbackHosts)
     return app
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import secrets
 from http.cookies import CookieError, SimpleCookie
@@ -94,7 +95,7 @@ class BearerToken:
         pages: tuple[str, ...] = (),
     ) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.expected = token.encode()
         self.cookie = cookie_value(token).encode()
         self.login = login
         self.open_paths = open_paths
@@ -109,7 +110,9 @@ class BearerToken:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        bearer = secrets.compare_digest(headers.get(b"authorization", b""), self.expected)
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        # The scheme's name is case-insensitive (RFC 9110 11.1).
+        bearer = scheme.lower() == b"bearer" and secrets.compare_digest(given.strip(), self.expected)
         cookie = secrets.compare_digest(_cookie(headers, TOKEN_COOKIE), self.cookie)
         if bearer or cookie:
             if not bearer and scope["method"] not in _SAFE_METHODS and not same_origin(scope):
@@ -127,8 +130,9 @@ class BearerToken:
 
 
 class BodyLimit:
-    """413 for a body over ``limit`` bytes: by its Content-Length before it is
-    read, or, sent in chunks, as soon as it passes the limit."""
+    """413 for a body over ``limit`` bytes, before any route runs: by its
+    Content-Length, or, sent in chunks, read here up to the limit (a route
+    that reads no body would otherwise run whatever was sent)."""
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
         self.app = app
@@ -138,32 +142,89 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        too_large = f"the request body may have at most {self.limit:,} bytes"
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await _refuse(send, 413, f"the request body may have at most {self.limit:,} bytes")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.limit:
+                await _refuse(send, 413, too_large)
+                return
+            await self.app(scope, receive, send)
             return
-        seen = 0
-        refused = False
-
-        async def counted() -> Message:
-            nonlocal seen, refused
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request" and not refused:
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    # Answered here; the route sees the client gone and
-                    # whatever it would answer is dropped.
-                    refused = True
-                    await _refuse(send, 413, f"the request body may have at most {self.limit:,} bytes")
-                    return {"type": "http.disconnect"}
-            return message
+            if message["type"] != "http.request":
+                # The client went away: the route sees it as it would.
+                first: Message = message
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await _refuse(send, 413, too_large)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                break
+        replayed = False
 
-        async def unless_refused(message: Message) -> None:
-            if not refused:
-                await send(message)
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return first
+            return await receive()
 
-        try:
-            await self.app(scope, counted, unless_refused)
-        except Exception:
-            if not refused:
-                raise
+        await self.app(scope, replay, send)
+
+
+class CrossSiteWrites:
+    """403 for a write (any method but GET, HEAD, OPTIONS) a browser sends
+    from another site's page: its Origin names another host than the one
+    it was sent to. A form post or a fetch needs no CORS preflight for
+    that, and the API trusts no site's pages but its own."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in _SAFE_METHODS:
+            headers = dict(scope["headers"])
+            cross_site = headers.get(b"sec-fetch-site", b"") == b"cross-site"
+            if (b"origin" in headers or cross_site) and not same_origin(scope):
+                await _refuse(send, 403, "a write from another site's page is refused")
+                return
+        await self.app(scope, receive, send)
+
+
+class LoopbackHosts:
+    """Without a token, the API answers only requests addressed to this
+    machine's loopback names (its Host header): a page on another site whose
+    name an attacker points at 127.0.0.1 (DNS rebinding) is refused, since
+    its requests carry that site's name."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            name = urlsplit(f"//{host}").hostname or ""
+            if not is_loopback_name(name):
+                await _refuse(
+                    send,
+                    421,
+                    f"Host {host!r} is not a loopback name of this machine: without an api_token the API answers"
+                    " only to 127.0.0.1, ::1 and localhost",
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+def is_loopback_name(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -4,7 +4,6 @@ thread beside a node (`pysched up --api`)."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import threading
@@ -12,38 +11,37 @@ import threading
 import uvicorn
 from fastapi import FastAPI
 
+from pysched.api.guard import is_loopback_name
+
 TOKEN_ENV = "PYSCHED_API_TOKEN"
 # Too short to resist guessing over the network.
 MIN_TOKEN_CHARS = 16
 
 
-class Unsafe(ValueError):
-    """An address or token the API must not be served with."""
+class UnsafeHost(ValueError):
+    """An address the API must not listen on without a token."""
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+class UnsafeToken(ValueError):
+    """A token too weak to guard the API."""
 
 
 def check_exposure(host: str, token: str | None) -> None:
     """Without a token, only this machine may reach the API."""
-    if token is None and not is_loopback(host):
-        raise Unsafe(
-            f"{host} is reachable from other machines, and no api_token is configured:"
-            f" set {TOKEN_ENV} (or api_token in the --config file), or serve on 127.0.0.1"
+    if token is None and not is_loopback_name(host):
+        raise UnsafeHost(
+            f"{host} is not a loopback address (127.0.0.1, ::1, localhost), and no api_token is configured:"
+            f" set {TOKEN_ENV} (or api_token in the --config file), or listen on 127.0.0.1"
         )
     if token is not None and (len(token) < MIN_TOKEN_CHARS or not token.isprintable() or " " in token):
-        raise Unsafe(f"the API token must have at least {MIN_TOKEN_CHARS} printable characters, no spaces")
+        raise UnsafeToken(f"at least {MIN_TOKEN_CHARS} printable characters, no spaces")
 
 
-def token_from(configured: str | None) -> str | None:
-    """PYSCHED_API_TOKEN, else the config file's api_token; None: none set."""
-    return os.environ.get(TOKEN_ENV) or configured
+def token_from(configured: str | None) -> tuple[str | None, str]:
+    """The token and where it came from: PYSCHED_API_TOKEN, else the config
+    file's api_token; None: none set."""
+    env = os.environ.get(TOKEN_ENV)
+    return (env, TOKEN_ENV) if env else (configured, "api_token")
 
 
 def bind(host: str, port: int) -> socket.socket:

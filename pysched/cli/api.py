@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import sys
@@ -35,16 +36,22 @@ def serve_api_on(
     """The API's address bound and its app made, or exit 2 naming what is
     wrong: an exposed address without a token, a port that is taken."""
     from pysched.api.app import create_app
-    from pysched.api.serve import Unsafe, bind, check_exposure, token_from
+    from pysched.api.serve import UnsafeHost, UnsafeToken, bind, check_exposure, token_from
 
-    token = token_from(cluster_config(config).api_token if config is not None else None)
+    token, token_source = token_from(cluster_config(config).api_token if config is not None else None)
     try:
         check_exposure(host, token)
-    except Unsafe as exc:
-        fail(f"{host_flag}: {exc}" if "reachable" in str(exc) else f"api_token: {exc}")
+    except UnsafeHost as exc:
+        fail(f"{host_flag}: {exc}")
+    except UnsafeToken as exc:
+        fail(f"{token_source}: {exc}")
     try:
         sock = bind(host, port)
+    except socket.gaierror as exc:
+        fail(f"{host_flag}: {host!r} is not an address of this machine: {exc.strerror or exc}")
     except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            fail(f"{host_flag}: {host!r} is not an address of this machine: {exc.strerror or exc}")
         fail(f"{port_flag}: cannot listen on {host}:{port}: {exc.strerror or exc}")
     client = open_client(db, config, access="create")
     return create_app(client, token=token), sock
@@ -67,7 +74,9 @@ def api(
     app, sock = serve_api_on(host, port, db, config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     server = ApiServer(app, sock)
-    logging.getLogger("pysched").info("pysched API on %s (docs: %s/docs)", server.url, server.url)
+    # Printed whatever the log level: with --port 0 it is the one place
+    # that says where the API is.
+    typer.echo(f"pysched API on {server.url} (docs: {server.url}/docs)", err=True)
     server.run()
 
 

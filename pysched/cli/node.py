@@ -264,11 +264,13 @@ def _serve(
     )
     signals = StopSignals()
     log.info("pysched %s %s up on %s", "node" if lead else "worker", node.holder, where)
+    # Printed whatever the log level (--quiet): with port 0 they are the
+    # one place that says where the node serves.
     if metrics is not None and metrics.server is not None:
-        log.info("metrics on %s", metrics.server.url)
+        typer.echo(f"metrics on {metrics.server.url}", err=True)
     if api is not None:
         api.start()
-        log.info("API on %s (docs: %s/docs)", api.url, api.url)
+        typer.echo(f"API on {api.url} (docs: {api.url}/docs)", err=True)
     try:
         forced = _run_until_stopped(node, signals, lead=lead, work=workers > 0)
     except BaseException:
