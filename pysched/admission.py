@@ -42,12 +42,17 @@ class JobRejected(ValueError):
 
 # Made once: json.dumps with separators builds an encoder per call, a third
 # of a bulk registration's admission time.
-_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def payload_bytes(payload: object) -> int:
-    # ASCII (non-ASCII is escaped), so its characters are its bytes.
-    return len(_COMPACT_JSON.encode(payload))
+    """Its size as JSON; JobRejected for what JSON cannot hold (a Python
+    object, NaN), which a Python caller can pass where the CLI cannot."""
+    try:
+        # ASCII (non-ASCII is escaped), so its characters are its bytes.
+        return len(_COMPACT_JSON.encode(payload))
+    except (TypeError, ValueError) as exc:
+        raise JobRejected("payload", f"not JSON: {exc}") from None
 
 
 def admit(job: Job, now_ms: int) -> None:

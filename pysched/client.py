@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -25,6 +25,9 @@ from pysched.clock import Clock, SystemClock
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
 from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
+
+if TYPE_CHECKING:
+    from pysched.coord.etcd import EtcdCoordinator as Coordinator
 from pysched.registry import register, register_many, reschedule
 from pysched.registry import resume as resume_job
 from pysched.slo import SloReport, slo_report
@@ -154,6 +157,7 @@ class Client:
         self.access: Access = access
         self._store: ScheduleStore | None = None
         self._close: Callable[[], None] = lambda: None
+        self._coordinator: Coordinator | None = None
 
     # -- the store, opened on first use ------------------------------------
 
@@ -176,6 +180,9 @@ class Client:
         return open_cluster_store(load(Path(self.config)), clock=self.clock)
 
     def close(self) -> None:
+        if self._coordinator is not None:
+            coordinator, self._coordinator = self._coordinator, None
+            coordinator.close()
         if self._store is not None:
             self._store = None
             self._close()
@@ -218,9 +225,10 @@ class Client:
         known = set(existing)
         return AddedMany(tuple(i for i in ids if i not in known), tuple(existing))
 
-    def check(self, job: Job | Mapping[str, Any]) -> Job:
+    def check(self, job: Job | Mapping[str, Any], *, allow_past: bool = False) -> Job:
         """The job validated and admitted now, without storing it; raises
-        InvalidJob naming every field at fault."""
+        InvalidJob naming every field at fault. ``allow_past``: a one-shot
+        whose time has passed is no fault (a declaration that already ran)."""
         now = self.clock.now_ms()
         try:
             model = job if isinstance(job, Job) else Job.model_validate(job)
@@ -229,7 +237,8 @@ class Client:
             raise invalid_from_validation(exc) from None
         except JobRejected as exc:
             raise invalid_from_rejection(exc) from None
-        _not_past(model.schedule, now, "schedule.run_at_ms")
+        if not allow_past:
+            _not_past(model.schedule, now, "schedule.run_at_ms")
         return model
 
     # -- reading ------------------------------------------------------------
@@ -334,14 +343,13 @@ class Client:
             from pysched.coord.local import SQLiteLeaseCoordinator
 
             return SQLiteLeaseCoordinator(store.db).leaders()  # type: ignore[attr-defined]
-        from pysched.config import load
-        from pysched.coord.etcd import EtcdCoordinator
+        if self._coordinator is None:
+            from pysched.config import load
+            from pysched.coord.etcd import EtcdCoordinator
 
-        coordinator = EtcdCoordinator(load(Path(self.config)), partitions=store.partitions)
-        try:
-            return coordinator.leaders()
-        finally:
-            coordinator.close()
+            # Opened once and kept: a dashboard asks every few seconds.
+            self._coordinator = EtcdCoordinator(load(Path(self.config)), partitions=store.partitions)
+        return self._coordinator.leaders()
 
     # -- changing -----------------------------------------------------------
 
@@ -408,13 +416,15 @@ class Client:
         """One run with its failed attempts. Raises RunNotFound."""
         return self.store.get_run(key.job_id, key.run_at_ms, key.attempt_group)
 
-    def redrive(self, keys: Iterable[RunKey]) -> Redriven:
+    def redrive(self, keys: Iterable[RunKey | str]) -> Redriven:
         """Run dead letters again, now, as their next attempt (the same
-        idempotency key: an effect that did commit is not repeated)."""
+        idempotency key: an effect that did commit is not repeated). A key
+        is a RunKey or its text, JOB:RUN_AT_MS:GROUP (ValueError if not)."""
         now = self.clock.now_ms()
         done: list[RunKey] = []
         not_dead: list[RunKey] = []
-        for key in keys:
+        for given in keys:
+            key = RunKey.parse(given) if isinstance(given, str) else given
             ok = self.store.redrive(key.job_id, key.run_at_ms, key.attempt_group, now)
             (done if ok else not_dead).append(key)
         return Redriven(tuple(done), tuple(not_dead))

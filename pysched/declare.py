@@ -16,8 +16,10 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from pysched.admission import JobRejected, admit
+from pysched.clock import SystemClock
 from pysched.model import CatchUp, Job, Overlap, SloPolicy
-from pysched.problems import InvalidJob, Problem, invalid_from_validation
+from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,7 +64,9 @@ def job(
     `SloPolicy` or its fields: ``fire_lag_s``, ``objective``, ``window_days``)."""
 
     def declare(func: F) -> F:
-        ref = f"{func.__module__}:{func.__name__}"
+        ref = f"{getattr(func, '__module__', '?')}:{getattr(func, '__name__', '?')}"
+        if getattr(func, "__module__", None) == "__main__":
+            raise InvalidDeclaration(ref, _where_problems(func))
         if (cron is None) == (at is None):
             raise InvalidDeclaration(ref, (Problem("schedule", "give exactly one of cron= and at="),))
         spec: dict[str, Any] = {
@@ -70,7 +74,7 @@ def job(
             "schedule": _schedule(cron, at, tz, ref),
             "target": {"kind": "python", "ref": ref},
             "critical": critical,
-            "retry": _retry(retries, backoff, retry_on),
+            "retry": _retry(retries, backoff, retry_on, ref),
         }
         if timeout is not None:
             spec["target"]["timeout_s"] = timeout
@@ -79,15 +83,20 @@ def job(
             ("catch_up", catch_up),
             ("max_delay_s", max_delay),
             ("overlap", overlap),
-            ("payload", None if payload is None else dict(payload)),
-            ("slo", slo.model_dump() if isinstance(slo, SloPolicy) else None if slo is None else dict(slo)),
+            ("payload", payload),
+            ("slo", slo.model_dump() if isinstance(slo, SloPolicy) else slo),
         ):
             if value is not None:
                 spec[key] = value
         try:
             declared = Job.model_validate(spec)
+            # What a registration would refuse, refused where it is written:
+            # a payload that is no JSON, jitter on a critical job, a URL.
+            admit(declared, SystemClock().now_ms())
         except ValidationError as exc:
             raise InvalidDeclaration(ref, invalid_from_validation(exc).problems) from None
+        except JobRejected as exc:
+            raise InvalidDeclaration(ref, invalid_from_rejection(exc).problems) from None
         problems = _where_problems(func)
         if problems:
             raise InvalidDeclaration(ref, problems)
@@ -121,13 +130,19 @@ def _schedule(cron: str | None, at: datetime | None, tz: str, ref: str) -> dict[
     return {"kind": "once", "run_at_ms": int(at.timestamp() * 1000)}
 
 
-def _retry(retries: int | None, backoff: tuple[float, float] | None, retry_on: Sequence[str] | None) -> dict[str, Any]:
+def _retry(
+    retries: int | None, backoff: tuple[float, float] | None, retry_on: Sequence[str] | None, ref: str
+) -> dict[str, Any]:
     policy: dict[str, Any] = {}
     if retries is not None:
         policy["retries"] = retries
     if backoff is not None:
+        if not isinstance(backoff, tuple | list) or len(backoff) != 2:
+            raise InvalidDeclaration(ref, (Problem("retry.backoff", f"(base_s, cap_s), two numbers; got {backoff!r}"),))
         policy["backoff_base_s"], policy["backoff_cap_s"] = backoff
     if retry_on is not None:
+        if isinstance(retry_on, str):
+            raise InvalidDeclaration(ref, (Problem("retry.retry_on", "a list of kinds, such as ['timeout', '5xx']"),))
         policy["retry_on"] = tuple(retry_on)
     return policy
 
@@ -136,13 +151,16 @@ def declared_jobs(module: ModuleType) -> list[Job]:
     """The jobs ``module``'s own functions declare (not those it imports
     from elsewhere), by id; two with one id are refused."""
     found: dict[str, Job] = {}
+    functions: dict[str, object] = {}
     for value in vars(module).values():
         declared = getattr(value, _ATTRIBUTE, None)
         if not isinstance(declared, Job) or getattr(value, "__module__", None) != module.__name__:
             continue
-        if declared.id in found:
+        # One function under two names (``b = a``) is one declaration.
+        if declared.id in found and functions[declared.id] is not value:
             raise InvalidJob((Problem("id", f"{declared.id!r} is declared twice in {module.__name__}"),))
         found[declared.id] = declared
+        functions[declared.id] = value
     return [found[key] for key in sorted(found)]
 
 

@@ -3,8 +3,11 @@
 Every declaration is checked before anything is written. A declared job not
 stored is added; one stored with another definition is given the new one
 (its pending runs replaced, as a reschedule does); one the same is left
-alone, so a sync run again changes nothing. With ``prune``, the jobs whose
-target is a function of the module and which it no longer declares are
+alone, so a sync run again changes nothing. A sync changes only the
+module's own jobs (those whose target is one of its functions): an id held
+by another job, a paused, cancelled or completed job whose declaration
+changed, and a new one-shot whose time has passed are skipped, each with
+its reason. With ``prune``, the module's jobs it no longer declares are
 cancelled; their history stays.
 """
 
@@ -51,7 +54,7 @@ def import_declarations(module: ModuleType | str) -> ModuleType:
 
 def sync_module(client: Client, module: ModuleType | str, *, prune: bool, dry_run: bool) -> SyncReport:
     mod = import_declarations(module)
-    jobs = [client.check(job) for job in declared_jobs(mod)]
+    jobs = [client.check(job, allow_past=True) for job in declared_jobs(mod)]
     now = client.clock.now_ms()
     added: list[str] = []
     updated: list[str] = []
@@ -69,6 +72,10 @@ def sync_module(client: Client, module: ModuleType | str, *, prune: bool, dry_ru
             if not dry_run:
                 client.add(job)
             added.append(job.id)
+        elif not _owned(current.job, mod.__name__):
+            skipped.append(Skipped(job.id, f"a job of that id exists that is not one of {mod.__name__}'s functions"))
+        elif current.state == "cancelled":
+            skipped.append(Skipped(job.id, _why_not_updated(current)))
         elif current.job == job:
             unchanged.append(job.id)
         elif current.state != "active":
@@ -86,7 +93,7 @@ def sync_module(client: Client, module: ModuleType | str, *, prune: bool, dry_ru
 def _why_not_updated(current: JobRecord) -> str:
     return {
         "paused": "paused: resume it, then sync, to give it the new definition",
-        "cancelled": "cancelled: a cancelled job's id is not used again; declare the job under another id",
+        "cancelled": "cancelled, and a cancelled job's id is not used again: declare the job under another id",
         "completed": "completed: it has no runs to come; declare the job under another id",
     }.get(current.state, f"{current.state}: not updated")
 
@@ -95,10 +102,7 @@ def _prune(client: Client, module: str, declared: set[str], dry_run: bool) -> li
     stale = [
         rec.job.id
         for rec in client.ls()
-        if rec.state in ("active", "paused")
-        and rec.job.id not in declared
-        and isinstance(rec.job.target, PythonTarget)
-        and _module_of(rec.job) == module
+        if rec.state in ("active", "paused") and rec.job.id not in declared and _owned(rec.job, module)
     ]
     if not dry_run:
         for job_id in stale:
@@ -106,6 +110,7 @@ def _prune(client: Client, module: str, declared: set[str], dry_run: bool) -> li
     return stale
 
 
-def _module_of(job: Job) -> str:
-    assert isinstance(job.target, PythonTarget)
-    return job.target.ref.partition(":")[0]
+def _owned(job: Job, module: str) -> bool:
+    """Whether a stored job is one of ``module``'s declarations' (its target
+    is a function of the module): sync changes or prunes no other."""
+    return isinstance(job.target, PythonTarget) and job.target.ref.partition(":")[0] == module

@@ -7,6 +7,7 @@ import importlib
 import shutil
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,6 +209,40 @@ def test_sync_leaves_a_paused_job_it_would_change_and_says_why(client: Client, t
     assert client.get("cleanup").job.schedule == pysched.CronSchedule(expr="*/15 * * * *")
 
 
+def test_sync_changes_only_the_modules_own_jobs_and_says_why_it_skips(client: Client, tmp_path: Path) -> None:
+    module = declaring_module(tmp_path, TWO_JOBS)
+    # An id the module declares, held by a job of the CLI's.
+    client.add(shell_job("cleanup"))
+    report = client.sync(module)
+    assert report.added == (f"{module}.report",)
+    assert [s.job_id for s in report.skipped] == ["cleanup"] and "not one of" in report.skipped[0].reason
+    assert client.get("cleanup").job.target == pysched.ShellTarget(command="true")
+    # A cancelled job is skipped, though its declaration is the same.
+    client.cancel(f"{module}.report")
+    again = client.sync(module)
+    assert (again.unchanged, [s.job_id for s in again.skipped]) == ((), ["cleanup", f"{module}.report"])
+    assert "cancelled" in again.skipped[1].reason
+
+
+def test_sync_goes_on_once_a_declared_one_shot_has_run(client: Client, tmp_path: Path) -> None:
+    soon = now_ms() + 1_000
+    module = declaring_module(
+        tmp_path,
+        f"""
+        from datetime import datetime, timezone
+
+        @pysched.job(at=datetime.fromtimestamp({soon} / 1000, timezone.utc))
+        def once(ctx):
+            return None
+        """,
+    )
+    assert client.sync(module).added == (f"{module}.once",)
+    time.sleep(max(0.0, (soon - now_ms()) / 1000 + 1.2))
+    # Its time has passed: unchanged, and the sync goes on (before, every
+    # later sync of the module was refused).
+    assert client.sync(module).unchanged == (f"{module}.once",)
+
+
 # -- the decorator alone ---------------------------------------------------------
 
 
@@ -226,6 +261,18 @@ def test_a_declaration_that_cannot_be_a_job_fails_where_it_is_written() -> None:
 
     with pytest.raises(pysched.InvalidDeclaration, match="exactly one of cron= and at="):
         pysched.job()(print)
+    # What a registration refuses is refused here too, each naming its field.
+    for options, field in (
+        ({"cron": "* * * * *", "jitter": 5, "critical": True}, "jitter_window_s"),
+        ({"cron": "* * * * *", "payload": {"x": object()}}, "payload"),
+        ({"cron": "* * * * *", "payload": [1, 2]}, "payload"),
+        ({"cron": "* * * * *", "backoff": (1, 2, 3)}, "retry.backoff"),
+        ({"cron": "* * * * *", "retries": -1}, "retry.retries"),
+        ({"cron": "* * * * *", "id": "a:b"}, "id"),
+    ):
+        with pytest.raises(pysched.InvalidDeclaration) as refused:
+            pysched.job(**options)(print)
+        assert [p.field for p in refused.value.problems] == [field], options
 
 
 def test_a_module_declares_only_its_own_functions(tmp_path: Path) -> None:

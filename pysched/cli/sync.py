@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated
 
 import typer
@@ -18,6 +20,7 @@ from pysched.cli.common import (
     open_client,
     warn_without_scheduler,
 )
+from pysched.client import Client
 from pysched.declare import InvalidDeclaration
 from pysched.problems import InvalidJob
 from pysched.protocols import JobExists
@@ -50,20 +53,42 @@ def sync(
         fail(f"MODULE: importing {module} failed: {type(exc).__name__}: {exc}")
     except Exception as exc:
         fail(f"MODULE: importing {module} failed: {type(exc).__name__}: {exc}")
+    if dry_run and config is None and not Path(db).exists():
+        # Nothing stored yet: what a sync would do is add every declaration.
+        with tempfile.TemporaryDirectory() as empty:
+            _report(
+                _synced(
+                    open_client(str(Path(empty) / "empty.db"), None, access="create"),
+                    module,
+                    imported,
+                    prune=prune,
+                    dry_run=True,
+                ),
+                as_json,
+            )
+        return
     client = open_client(db, config, access="read" if dry_run else "create")
+    report = _synced(client, module, imported, prune=prune, dry_run=dry_run)
+    _report(report, as_json)
+    if not dry_run and report.added:
+        warn_without_scheduler(client.store, db)
+
+
+def _synced(client: Client, module: str, imported: ModuleType, *, prune: bool, dry_run: bool) -> SyncReport:
     try:
-        report = client.sync(imported, prune=prune, dry_run=dry_run)
+        return client.sync(imported, prune=prune, dry_run=dry_run)
     except InvalidJob as exc:
         fail(f"{module}: {'; '.join(str(p) for p in exc.problems)}")
     except JobExists as exc:
         # Added by someone else between the read and the write.
         fail(f"id: {exc}; run sync again")
+
+
+def _report(report: SyncReport, as_json: bool) -> None:
     if as_json:
         echo_json(_report_json(report))
     else:
         _print_report(report)
-    if not dry_run and report.added:
-        warn_without_scheduler(client.store, db)
 
 
 def _report_json(report: SyncReport) -> dict[str, object]:
@@ -86,8 +111,9 @@ def _print_report(report: SyncReport) -> None:
     for skipped in report.skipped:
         typer.echo(f"skipped {skipped.job_id}: {skipped.reason}")
     changed = len(report.added) + len(report.updated) + len(report.pruned)
+    declared = len(report.added) + len(report.updated) + len(report.unchanged) + len(report.skipped)
     typer.echo(
-        f"{report.module}: {len(report.added) + len(report.updated) + len(report.unchanged)} declared,"
+        f"{report.module}: {declared} declared,"
         f" {changed} {'to change' if report.dry_run else 'changed'}, {len(report.unchanged)} unchanged"
         + (f", {len(report.skipped)} skipped" if report.skipped else "")
     )
