@@ -60,6 +60,17 @@ def test_a_completed_one_shot_runs_again_but_a_paused_or_cancelled_job_does_not(
         backend.store.trigger("nobody", t0 + 5)
 
 
+def test_a_run_triggered_before_a_pause_still_runs(backend: Backend) -> None:
+    # A one-off, no part of the schedule the pause holds (as a Job made from
+    # a CronJob runs whatever the CronJob's suspend says).
+    t0 = test_contract.T0
+    backend.store.add_job(cron_job("daily", "0 0 0 * * *"), 3, 0, PlannedRun(t0 + 86_400_000, t0 + 86_400_000), t0)
+    backend.store.trigger("daily", t0 + 1_000)
+    backend.store.pause_job("daily", t0 + 1_500)
+    sent, _ = dispatch(backend, t0 + 10_000, 1, t0 + 5_000)
+    assert [(r.run_at_ms, r.attempt_group) for r in sent] == [(t0 + 1_000, 1)]
+
+
 def test_a_triggered_run_plans_nothing() -> None:
     # The rule every engine's leader follows. Without it, a trigger of a
     # one-shot whose own run is overdue (its leader was down) completed the

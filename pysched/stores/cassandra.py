@@ -352,6 +352,10 @@ class CassandraScheduleStore:
             " delivery, ended_attempt) VALUES (?, ?, ?, ?, ?, ?, 'scheduled', 0, 0, 0)"
         )
         self._groups_at = p(f"SELECT attempt_group FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ?")
+        self._insert_new_run = p(
+            f"INSERT INTO {ks}.runs (job_id, run_at_ms, attempt_group, run_id, due_ms, partition, state, attempt,"
+            " delivery, ended_attempt) VALUES (?, ?, ?, ?, ?, ?, 'scheduled', 0, 0, 0) IF NOT EXISTS"
+        )
         self._insert_schedule = p(
             f"INSERT INTO {ks}.schedule (time_bucket, shard, due_ms, run_id, job_id, run_at_ms, attempt_group)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -1140,12 +1144,23 @@ class CassandraScheduleStore:
         if current.state not in TRIGGERABLE:
             paused = ": resume it first" if current.state == "paused" else ""
             raise JobNotActive(f"job {job_id!r} is {current.state}{paused}")
-        # Read, then one logged batch: two triggers of one job in the same
-        # millisecond may pick the same group, and are then one run.
-        taken = [r.attempt_group for r in self.session.execute(self._groups_at, (job_id, now_ms))]
-        group = max(taken, default=0) + 1
-        # Due ahead of any watermark, as a redriven run.
-        self._write_run(job_id, current.partition, PlannedRun(now_ms, now_ms + HAND_BACK_MS), group)
+        # The run's row is taken with a conditional insert, so two triggers
+        # of one job in the same millisecond are two runs, and a run that
+        # already ran is never reset; then its schedule row, due ahead of
+        # any watermark, as a redriven run. (A crash between the two leaves
+        # an unacknowledged run that never fires.) A job cancelled meanwhile
+        # has its run ended cancelled by the worker.
+        group = max((r.attempt_group for r in self.session.execute(self._groups_at, (job_id, now_ms))), default=0) + 1
+        due = now_ms + HAND_BACK_MS
+        while True:
+            run_id = run_id_for(job_id, now_ms, group)
+            taken = self.session.execute(self._insert_new_run, (job_id, now_ms, group, run_id, due, current.partition))
+            if applied(taken):
+                break
+            group += 1
+        self.session.execute(
+            self._insert_schedule, (due // BUCKET_MS, current.partition, due, run_id, job_id, now_ms, group)
+        )
         self.session.execute(self._bump, (current.partition,))
         return self.get_run(job_id, now_ms, group)
 

@@ -198,7 +198,11 @@ class SQLiteScheduleStore:
     def pause_job(self, job_id: str, now_ms: int) -> JobRecord:
         with self.db.transaction() as conn:
             partition = self._state_is(conn, job_id, "active")
-            conn.execute("UPDATE runs SET state = 'paused' WHERE job_id = ? AND state = 'scheduled'", (job_id,))
+            # Its schedule's runs; a run triggered beside it is no part of it.
+            conn.execute(
+                "UPDATE runs SET state = 'paused' WHERE job_id = ? AND state = 'scheduled' AND attempt_group = 0",
+                (job_id,),
+            )
             conn.execute("UPDATE jobs SET state = 'paused', updated_at_ms = ? WHERE job_id = ?", (now_ms, job_id))
             self._bump(conn, partition)
         return self.get_job(job_id)
