@@ -10,14 +10,18 @@ at a time, and both work.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 from pysched.client import Client
 from pysched.clock import Clock, SystemClock
 from pysched.node import EmbeddedBackends, Node, open_embedded
 from pysched.worker import WorkerConfig
+
+log = logging.getLogger("pysched.scheduler")
 
 
 class SchedulerStopped(RuntimeError):
@@ -37,7 +41,11 @@ class Scheduler:
         workers: int = 4,
         grace_s: float = 30.0,
         clock: Clock | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
+        """``on_failure`` is called, on the scheduler's thread, if its node
+        fails (a store it can no longer write, say): the jobs then stop
+        firing, as ``running`` says; the failure is also logged."""
         if not 1 <= workers <= 256:
             raise ValueError(f"workers: from 1 to 256; got {workers}")
         if not 0 <= grace_s <= 86_400:
@@ -50,6 +58,7 @@ class Scheduler:
         self._backends: EmbeddedBackends | None = None
         self._node: Node | None = None
         self._failure: BaseException | None = None
+        self._on_failure = on_failure
 
     @property
     def running(self) -> bool:
@@ -71,7 +80,11 @@ class Scheduler:
         try:
             self._node.run(self._stop)
         except BaseException as exc:
+            # Nothing fires any more: said at once, not only at stop().
+            log.exception("the scheduler's node failed and stopped; its jobs no longer fire")
             self._failure = exc
+            if self._on_failure is not None:
+                self._on_failure(exc)
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Stop firing, let running jobs finish within the grace period, and

@@ -89,3 +89,20 @@ def test_a_scheduler_starts_once_and_refuses_bad_settings(tmp_path: Path) -> Non
         Scheduler(tmp_path / "app.db", workers=0)
     with pytest.raises(pysched.InvalidJob):
         Scheduler(tmp_path / "app.db").client.add({"id": "x"})
+
+
+def test_a_scheduler_whose_node_fails_says_so_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pysched.leader import PartitionLeader
+
+    def broken(self: PartitionLeader, stop: object) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(PartitionLeader, "run", broken)
+    failures: list[BaseException] = []
+    scheduler = Scheduler(tmp_path / "app.db", workers=1, grace_s=1, on_failure=failures.append)
+    scheduler.start()
+    wait_for(lambda: bool(failures), 30, "the failure to be reported")
+    assert isinstance(failures[0], OSError)
+    wait_for(lambda: not scheduler.running, 30, "the scheduler to stop running")
+    with pytest.raises(pysched.SchedulerStopped, match="disk gone"):
+        scheduler.stop()
