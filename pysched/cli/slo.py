@@ -19,7 +19,7 @@ from pysched.cli.common import (
     open_client,
 )
 from pysched.protocols import JobNotFound
-from pysched.views import slo_json
+from pysched.views import iso, slo_json
 
 
 def _share(value: float | None) -> str:
@@ -53,20 +53,24 @@ def slo(
         echo_json(slo_json(reports[0]) if job_id is not None else [slo_json(r) for r in reports])
         return
     table = Table(
-        "job", "target", "objective", "runs", "late", "attainment", "budget left", "burn 1h", "burn 6h", "met"
-    )
+        "job", "target", "objective", "runs since", "runs", "late", "attainment", "budget left", "burn 1h", "burn 6h",
+        "burn 3d", "met",
+    )  # fmt: skip
     for r in reports:
         burns = {b.window: b.rate for b in r.burn_rates}
         table.add_row(
             r.job_id,
             f"{r.fire_lag_ms / 1000:g} s",
             f"{r.objective:.3%} / {r.window_days} d",
+            # How far back the store's history let the window reach.
+            iso(r.oldest_due_ms) or "-",
             str(r.runs),
             str(r.late),
             _share(r.attainment),
             _share(r.budget_remaining),
             _rate(burns["1h"]),
             _rate(burns["6h"]),
+            _rate(burns["3d"]),
             {True: "yes", False: "NO", None: "-"}[r.met],
         )
     console().print(table)
