@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 from wsgiref.simple_server import WSGIServer
@@ -126,6 +126,29 @@ class _LeaderCollector(Collector):
         yield GaugeMetricFamily("pysched_partition_fence", "", labels=["partition"])
 
 
+class _ConsumerLagCollector(Collector):
+    """Kafka records not yet taken, by partition, read at scrape time: as
+    many labels as the topic has partitions."""
+
+    _NAME = "pysched_kafka_consumer_lag_records"
+
+    def __init__(self, lag: Callable[[], Mapping[int, int]]) -> None:
+        self.lag = lag
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            self._NAME,
+            "Records of the dispatch topic behind this worker's position, by partition it is assigned.",
+            labels=["partition"],
+        )
+        for partition, behind in sorted(self.lag().items()):
+            family.add_metric([str(partition)], behind)
+        yield family
+
+    def describe(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily(self._NAME, "", labels=["partition"])
+
+
 @dataclass
 class MetricsServer:
     """The HTTP server of /metrics, on a thread of its own."""
@@ -200,6 +223,11 @@ class NodeMetrics:
     def watch(self, leader: PartitionLeader) -> None:
         """Read ``leader``'s gauges at each scrape."""
         self._leader.leader = leader
+
+    def watch_consumer_lag(self, lag: Callable[[], Mapping[int, int]]) -> None:
+        """Read a dispatcher's consumer lag by partition at each scrape (the
+        Kafka dispatcher's; the in-process queue has none to show)."""
+        self.registry.register(_ConsumerLagCollector(lag))
 
     def dispatched(self, event: BatchDispatched) -> None:
         """The leader's batch hook (``on_batch``)."""

@@ -229,6 +229,9 @@ class Node:
         self.pruner = HistoryPruner(store, self.clock, backends.retention)
         if metrics is not None:
             metrics.watch(self.leader)
+            consumer_lag = getattr(backends.dispatcher, "consumer_lag", None)
+            if consumer_lag is not None:
+                metrics.watch_consumer_lag(consumer_lag)
 
     def run(self, stop: threading.Event, lead: bool = True, work: bool = True) -> None:
         """Lead and work until ``stop``; then hand the partitions on, give

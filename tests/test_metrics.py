@@ -187,3 +187,31 @@ def test_up_serves_metrics_on_the_port_it_logs(tmp_path: Path) -> None:
         wait_for(leading, 30, "the node to lead partitions", log)
     finally:
         stop_node(node)
+
+
+@pytest.mark.cluster
+def test_a_workers_kafka_consumer_lag_is_served_by_partition(services: dict[str, object], keyspace: str) -> None:
+    from prometheus_client import generate_latest
+
+    from pysched.dispatch.kafka import KafkaDispatcher, ensure_topic
+    from tests.conftest import cluster_config_for
+
+    config = cluster_config_for(services, keyspace, partitions=4, kafka_partitions=2)
+    ensure_topic(config)
+    dispatcher = KafkaDispatcher(config, group=f"{keyspace}-lag")
+    metrics = NodeMetrics()
+    metrics.watch_consumer_lag(dispatcher.consumer_lag)
+    try:
+        assert dispatcher.consumer_lag() == {}  # no member yet
+        dispatcher.publish([0] * 5, [b"x"] * 5)
+        consumer = dispatcher.consumer()
+        taken: list[object] = []
+        wait_for(lambda: taken.append(consumer.next(1.0)) or taken[-1] is not None, 60, "the first record")
+        # One taken of five in partition 0 (fetched ahead: its end is known).
+        wait_for(lambda: dispatcher.consumer_lag().get(0) == 4, 60, "partition 0's lag to read 4")
+        families = {f.name: f for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
+        assert_conventional(families)
+        assert value(families, "pysched_kafka_consumer_lag_records", partition="0") == 4
+        consumer.close()
+    finally:
+        dispatcher.close()

@@ -231,6 +231,25 @@ class SharedKafkaConsumer:
             if commit is not None and not self.closed:
                 self._consumer.commit(offsets=[TopicPartition(self.topic, partition, commit)], asynchronous=True)
 
+    def lag(self) -> dict[int, int]:
+        """Records behind in each partition this member is assigned: the
+        partition's end as last fetched (librdkafka's cached high
+        watermark, no broker call) less this member's position. Empty when
+        nothing is assigned or the member is closed."""
+        with self._lock:
+            if self.closed:
+                return {}
+            assigned = self._consumer.assignment()
+            if not assigned:
+                return {}
+            behind: dict[int, int] = {}
+            for tp in self._consumer.position(assigned):
+                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                # A position or end not known yet (nothing fetched): no figure.
+                if tp.offset >= 0 and high >= 0:
+                    behind[tp.partition] = max(high - tp.offset, 0)
+            return behind
+
     def release(self) -> None:
         """One thread done with it; the last closes the group member."""
         with self._lock:
@@ -317,6 +336,11 @@ class KafkaDispatcher:
             if self._shared is None or self._shared.closed:
                 self._shared = SharedKafkaConsumer(self.config, self.group)
             return self._shared.handle()
+
+    def consumer_lag(self) -> dict[int, int]:
+        """This process's group member's lag by partition (SharedKafkaConsumer.lag)."""
+        shared = self._shared
+        return {} if shared is None else shared.lag()
 
     def close(self) -> None:
         if self._producer is not None:
