@@ -5,6 +5,7 @@ opens what the token opens, and a write from another site is refused."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from pysched import Client
 from pysched.api.app import create_app
-from pysched.api.guard import TOKEN_COOKIE
+from pysched.api.guard import COOKIE_TTL_S, TOKEN_COOKIE, cookie_value
 from pysched.api.ui.pages import MAX_FIRES_PER_JOB
 from pysched.client import Redriven, RunKey
 from pysched.clock import ManualClock
@@ -200,3 +201,10 @@ def test_with_a_token_the_login_cookie_opens_the_pages_and_api_and_guards_writes
         assert http.get("/jobs", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
         http.cookies.set(TOKEN_COOKIE, "0" * 64)
         assert http.get("/jobs").status_code == 401
+        # A login is good for COOKIE_TTL_S.
+        now = int(time.time())
+        http.cookies.set(TOKEN_COOKIE, cookie_value(TOKEN, now - 60))
+        assert http.get("/jobs").status_code == 200
+        http.cookies.set(TOKEN_COOKIE, cookie_value(TOKEN, now - COOKIE_TTL_S - 60))
+        assert http.get("/jobs").status_code == 401
+        assert "Max-Age=43200" in cookie

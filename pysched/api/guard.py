@@ -12,6 +12,7 @@ import hmac
 import ipaddress
 import json
 import secrets
+import time
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import urlsplit
 
@@ -28,11 +29,28 @@ TOKEN_COOKIE = "pysched_token"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def cookie_value(token: str) -> str:
-    """What the login cookie holds: derived from the token (HMAC), so that a
-    leaked cookie does not show the token a script would use, and safe as a
-    cookie value whatever the token's characters."""
-    return hmac.new(token.encode(), b"pysched dashboard cookie", hashlib.sha256).hexdigest()
+# How long a dashboard login lasts: the cookie names when it was issued, and
+# is refused past this (a leaked one does not open the dashboard for good).
+COOKIE_TTL_S = 12 * 3600
+
+
+def cookie_value(token: str, issued_s: int) -> str:
+    """What the login cookie holds: when it was issued and an HMAC of that
+    under the token, so that a leaked cookie does not show the token a
+    script would use, is good for COOKIE_TTL_S only, and is safe as a cookie
+    value whatever the token's characters."""
+    mac = hmac.new(token.encode(), f"pysched dashboard cookie {issued_s}".encode(), hashlib.sha256).hexdigest()
+    return f"{issued_s}.{mac}"
+
+
+def cookie_valid(token: str, value: bytes, now_s: float) -> bool:
+    issued, _, _ = value.partition(b".")
+    if not (issued.isascii() and issued.isdigit() and len(issued) < 16):
+        return False
+    # A minute's slack for a clock stepped back.
+    if not -60 <= now_s - int(issued) <= COOKIE_TTL_S:
+        return False
+    return secrets.compare_digest(value, cookie_value(token, int(issued)).encode())
 
 
 def _cookie(headers: dict[bytes, bytes], name: str) -> bytes:
@@ -96,7 +114,7 @@ class BearerToken:
     ) -> None:
         self.app = app
         self.expected = token.encode()
-        self.cookie = cookie_value(token).encode()
+        self.token = token
         self.login = login
         self.open_paths = open_paths
         self.pages = pages
@@ -113,7 +131,7 @@ class BearerToken:
         scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
         # The scheme's name is case-insensitive (RFC 9110 11.1).
         bearer = scheme.lower() == b"bearer" and secrets.compare_digest(given.strip(), self.expected)
-        cookie = secrets.compare_digest(_cookie(headers, TOKEN_COOKIE), self.cookie)
+        cookie = cookie_valid(self.token, _cookie(headers, TOKEN_COOKIE), time.time())
         if bearer or cookie:
             if not bearer and scope["method"] not in _SAFE_METHODS and not same_origin(scope):
                 await _refuse(send, 403, "a write with the dashboard's cookie must come from the dashboard's own pages")

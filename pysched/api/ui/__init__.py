@@ -19,6 +19,7 @@ loopback, but any site a local browser visits could post a form to it.
 from __future__ import annotations
 
 import secrets
+import time
 from importlib import resources
 from typing import Annotated
 from urllib.parse import parse_qs, urlencode
@@ -27,7 +28,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from pysched.api.guard import TOKEN_COOKIE, cookie_value, same_origin
+from pysched.api.guard import COOKIE_TTL_S, TOKEN_COOKIE, cookie_value, same_origin
 from pysched.api.ui.html import Html, raw, tag
 from pysched.api.ui.pages import (
     DEFAULT_WINDOW_MIN,
@@ -235,7 +236,8 @@ def dashboard(client: Client, *, token: str | None) -> APIRouter:
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             TOKEN_COOKIE,
-            cookie_value(token),
+            cookie_value(token, int(time.time())),
+            max_age=COOKIE_TTL_S,
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
