@@ -90,6 +90,9 @@ def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> No
         missing = api.request(method, path)
         assert missing.status_code == 404 and missing.json()["detail"] == "no job 'ghost'"
     assert api.get("/runs/ghost:1:0").status_code == 404
+    too_long = api.get("/jobs/" + "x" * 5000)
+    assert too_long.status_code == 422 and too_long.json()["detail"][0]["field"] == "job_id"
+    assert "x" * 200 not in too_long.text
     assert api.get("/runs/not-a-key").status_code == 422
     api.post("/jobs/kept/cancel")
     assert api.post("/jobs/kept/cancel").status_code == 409

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Annotated, Any
 
-from fastapi import Body, FastAPI, Query
+from fastapi import Body, FastAPI, Path, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
@@ -30,6 +30,9 @@ from pysched.problems import InvalidJob, Problem, problems_from_errors
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, RunNotFound, RunRecord
 from pysched.views import dead_letter_json, iso, job_json, run_json, slo_json
 
+# No job's id is longer (model.JOB_ID_PATTERN): a longer one is refused, not
+# looked up and echoed back.
+JobIdPath = Annotated[str, Path(max_length=128, description="The job's id")]
 # Jobs in one batch: a bulk registration's unit; more go in several.
 MAX_BATCH = 10_000
 _LOCATIONS = frozenset({"body", "query", "path", "header"})
@@ -141,7 +144,7 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         return {"added": list(done.added), "existing": list(done.existing)}
 
     @app.get("/jobs/{job_id}", tags=["jobs"])
-    def get_job(job_id: str) -> dict[str, Any]:
+    def get_job(job_id: JobIdPath) -> dict[str, Any]:
         rec = client.get(job_id)
         return {
             **job_json(rec),
@@ -150,15 +153,15 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         }
 
     @app.get("/jobs/{job_id}/runs", tags=["jobs"])
-    def job_runs(job_id: str, limit: Annotated[int, Query(ge=1, le=100_000)] = 50) -> list[dict[str, Any]]:
+    def job_runs(job_id: JobIdPath, limit: Annotated[int, Query(ge=1, le=100_000)] = 50) -> list[dict[str, Any]]:
         return [run_json(r) for r in client.history(job_id, limit)]
 
     @app.get("/jobs/{job_id}/preview", tags=["jobs"])
-    def job_preview(job_id: str, count: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10) -> dict[str, Any]:
+    def job_preview(job_id: JobIdPath, count: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10) -> dict[str, Any]:
         return _preview_json(client.preview(job_id, count=count))
 
     @app.get("/jobs/{job_id}/slo", tags=["slo"])
-    def job_slo(job_id: str) -> dict[str, Any]:
+    def job_slo(job_id: JobIdPath) -> dict[str, Any]:
         """The job's fire-lag objective: attainment, error budget, burn rates."""
         return slo_json(client.slo(job_id))
 
@@ -167,26 +170,26 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         return [slo_json(r) for r in client.slos()]
 
     @app.post("/jobs/{job_id}/trigger", status_code=201, tags=["jobs"])
-    def trigger_job(job_id: str) -> dict[str, Any]:
+    def trigger_job(job_id: JobIdPath) -> dict[str, Any]:
         """Run the job now, once, beside its schedule."""
         run = client.trigger(job_id)
         return {"key": run.idempotency_key, **run_json(run)}
 
     @app.post("/jobs/{job_id}/cancel", tags=["jobs"])
-    def cancel_job(job_id: str) -> dict[str, Any]:
+    def cancel_job(job_id: JobIdPath) -> dict[str, Any]:
         return job_json(client.cancel(job_id))
 
     @app.post("/jobs/{job_id}/pause", tags=["jobs"])
-    def pause_job(job_id: str) -> dict[str, Any]:
+    def pause_job(job_id: JobIdPath) -> dict[str, Any]:
         return job_json(client.pause(job_id))
 
     @app.post("/jobs/{job_id}/resume", tags=["jobs"])
-    def resume_job(job_id: str) -> dict[str, Any]:
+    def resume_job(job_id: JobIdPath) -> dict[str, Any]:
         return job_json(client.resume(job_id))
 
     @app.put("/jobs/{job_id}/schedule", tags=["jobs"])
     def reschedule_job(
-        job_id: str, schedule: Annotated[CronSchedule | OnceSchedule, Body(discriminator="kind")]
+        job_id: JobIdPath, schedule: Annotated[CronSchedule | OnceSchedule, Body(discriminator="kind")]
     ) -> dict[str, Any]:
         return job_json(client.reschedule(job_id, schedule))
 
@@ -203,7 +206,7 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         return [dead_letter_json(r) for r in client.dead_letters(limit)]
 
     @app.get("/runs/{key}", tags=["dead letters"])
-    def get_run(key: str) -> dict[str, Any]:
+    def get_run(key: Annotated[str, Path(max_length=200)]) -> dict[str, Any]:
         return dead_letter_json(client.get_run(_run_key(key)))
 
     @app.post("/dead-letters/redrive", tags=["dead letters"])
