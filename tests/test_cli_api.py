@@ -61,42 +61,30 @@ def test_a_node_serves_the_api_and_fires_what_it_adds(tmp_path: Path) -> None:
     assert json.loads(cli("history", "hello", "--json", db=db).stdout)[0]["result"] == "hello"
 
 
+def refused(db: Path, *args: str, token: str | None = None) -> str:
+    """``pysched ARGS --db DB`` run to its refusal: exit 2, one line, no
+    traceback, nothing created; its message."""
+    env = {k: v for k, v in os.environ.items() if k != "PYSCHED_API_TOKEN"}
+    if token is not None:
+        env["PYSCHED_API_TOKEN"] = token
+    proc = subprocess.run([*PYSCHED, *args, "--db", str(db)], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and not db.exists()
+    return proc.stderr
+
+
 def test_the_api_refuses_an_exposed_address_without_a_token_and_a_taken_port(tmp_path: Path) -> None:
     db = tmp_path / "jobs.db"
-    exposed = subprocess.run(
-        [*PYSCHED, "api", "--db", str(db), "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60
+    assert refused(db, "api", "--host", "0.0.0.0").startswith("error: --host: 0.0.0.0 is not a loopback address")
+    assert refused(db, "up", "--api", "1", "--api-host", "0.0.0.0").startswith(
+        "error: --api-host: 0.0.0.0 is not a loopback address"
     )
-    assert exposed.returncode == 2 and exposed.stderr.startswith("error: --host: 0.0.0.0 is not a loopback address")
-    node = subprocess.run(
-        [*PYSCHED, "up", "--db", str(db), "--api", "1", "--api-host", "0.0.0.0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert node.returncode == 2 and node.stderr.startswith("error: --api-host: 0.0.0.0 is not a loopback address")
-    weak = subprocess.run(
-        [*PYSCHED, "api", "--db", str(db), "--host", "0.0.0.0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYSCHED_API_TOKEN": "short"},
-    )
-    assert weak.returncode == 2 and weak.stderr.startswith("error: PYSCHED_API_TOKEN: at least 16")
-    nowhere = subprocess.run(
-        [*PYSCHED, "api", "--db", str(db), "--host", "no-such-host.invalid"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYSCHED_API_TOKEN": "a-long-enough-token-0123"},
-    )
-    assert nowhere.returncode == 2 and nowhere.stderr.startswith("error: --host: 'no-such-host.invalid' is not an")
+    weak = refused(db, "api", "--host", "0.0.0.0", token="short")
+    assert weak.startswith("error: PYSCHED_API_TOKEN: at least 16")
+    nowhere = refused(db, "api", "--host", "no-such-host.invalid", token="a-long-enough-token-0123")
+    assert nowhere.startswith("error: --host: 'no-such-host.invalid' is not an")
     with socket_taken() as port:
-        taken = subprocess.run(
-            [*PYSCHED, "api", "--db", str(db), "--port", str(port)], capture_output=True, text=True, timeout=60
-        )
-    assert taken.returncode == 2 and "--port: cannot listen on 127.0.0.1" in taken.stderr
-    assert "Traceback" not in exposed.stderr + node.stderr + taken.stderr
-    assert not db.exists()
+        assert "--port: cannot listen on 127.0.0.1" in refused(db, "api", "--port", str(port))
 
 
 @contextmanager
