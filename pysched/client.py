@@ -29,6 +29,7 @@ from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, Sched
 if TYPE_CHECKING:
     from pysched.coord.etcd import EtcdCoordinator as Coordinator
 from pysched.registry import register, register_many, reschedule
+from pysched.registry import replace as replace_job
 from pysched.registry import resume as resume_job
 from pysched.slo import SloReport, slo_report
 from pysched.stores.sqlite_db import Access
@@ -398,12 +399,7 @@ class Client:
         """Give an active job a new definition, schedule and all (what
         `sync` does for a declaration that changed); pending runs are
         replaced."""
-        from pysched.planning import first_run, jitter_for
-
-        checked = self.check(job)
-        jitter_ms = jitter_for(checked)
-        now = self.clock.now_ms()
-        return self.store.reschedule(checked, jitter_ms, first_run(checked, jitter_ms, now), now)
+        return replace_job(self.store, self.check(job), self.clock.now_ms())
 
     # -- dead letters -------------------------------------------------------
 

@@ -39,7 +39,13 @@ def register_many(store: ScheduleStore, jobs: Sequence[Job], now_ms: int) -> lis
 def reschedule(store: ScheduleStore, job_id: str, schedule: CronSchedule | OnceSchedule, now_ms: int) -> JobRecord:
     check_schedule(schedule, now_ms)
     current = store.get_job(job_id).job
-    job = Job.model_validate({**current.model_dump(), "schedule": schedule.model_dump()})
+    return replace(store, Job.model_validate({**current.model_dump(), "schedule": schedule.model_dump()}), now_ms)
+
+
+def replace(store: ScheduleStore, job: Job, now_ms: int) -> JobRecord:
+    """Give an active job ``job``'s definition, schedule and all; its
+    pending runs are replaced by the new first run. Raises JobNotFound,
+    JobNotActive (the caller has admitted ``job``)."""
     jitter_ms = jitter_for(job)
     return store.reschedule(job, jitter_ms, first_run(job, jitter_ms, now_ms), now_ms)
 
