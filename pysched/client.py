@@ -125,6 +125,20 @@ class PartitionLeader:
     expires_at_ms: int | None
 
 
+def coming_fires(expr: str, tz: str, after_ms: int, count: int, jitter_ms: int | None = None) -> tuple[Fire, ...]:
+    """The next ``count`` fires of a valid expression after ``after_ms``
+    (fewer if it has no more), with their due times when ``jitter_ms`` is
+    given."""
+    fires: list[Fire] = []
+    at: int | None = after_ms
+    while len(fires) < count:
+        at = cron.next_after(expr, tz, at) if at is not None else None
+        if at is None:
+            break
+        fires.append(Fire(at, None if jitter_ms is None else at + jitter_ms, cron.dst_note(expr, tz, at)))
+    return tuple(fires)
+
+
 def _not_past(schedule: CronSchedule | OnceSchedule, now_ms: int, field: str) -> None:
     """A one-shot's time is now or ahead (a second's slack for the clocks of
     the caller and this machine); one long past would fire at once, late."""
@@ -306,14 +320,8 @@ class Client:
                     check()
                 except cron.CronError as exc:
                     raise InvalidJob((Problem(field, str(exc)),)) from None
-        fires: list[Fire] = []
-        at: int | None = self.clock.now_ms() if after_ms is None else after_ms
-        while len(fires) < count:
-            at = cron.next_after(expr, zone, at) if at is not None else None
-            if at is None:
-                break
-            fires.append(Fire(at, None if jitter_ms is None else at + jitter_ms, cron.dst_note(expr, zone, at)))
-        return Preview(expr, zone, jitter_ms, tuple(fires))
+        start = self.clock.now_ms() if after_ms is None else after_ms
+        return Preview(expr, zone, jitter_ms, coming_fires(expr, zone, start, count, jitter_ms))
 
     def slo(self, job_id: str) -> SloReport:
         """The job's fire-lag objective against the runs the store keeps of

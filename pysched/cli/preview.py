@@ -22,6 +22,7 @@ from pysched.cli.common import (
     fail,
     open_store,
 )
+from pysched.client import coming_fires
 from pysched.model import CronSchedule
 from pysched.protocols import JobNotFound
 
@@ -58,15 +59,11 @@ _YEAR_9000_MS = int(datetime(9000, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
 def _fires(expr: str, tz: str, after_ms: int, count: int, jitter_ms: int | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    at: int | None = after_ms
-    while at is not None and len(out) < count:
-        at = cron.next_after(expr, tz, at)
-        if at is None:
-            break
-        row: dict[str, Any] = {"local": _local(at, tz), "utc": _utc(at)}
-        if jitter_ms is not None:
-            row["due_utc"] = _utc(at + jitter_ms)
-        row["dst"] = cron.dst_note(expr, tz, at)
+    for fire in coming_fires(expr, tz, after_ms, count, jitter_ms):
+        row: dict[str, Any] = {"local": _local(fire.at_ms, tz), "utc": _utc(fire.at_ms)}
+        if fire.due_ms is not None:
+            row["due_utc"] = _utc(fire.due_ms)
+        row["dst"] = fire.dst
         out.append(row)
     return out
 

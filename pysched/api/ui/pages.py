@@ -20,9 +20,8 @@ from urllib.parse import quote
 
 from pysched import cron
 from pysched.api.ui.html import Cell, Html, Part, Post, part_html, tag
-from pysched.client import Client, PartitionLeader, RunKey
+from pysched.client import Client, PartitionLeader, RunKey, coming_fires
 from pysched.model import CronSchedule
-from pysched.problems import InvalidJob
 from pysched.protocols import JobNotFound, JobRecord, RunRecord
 from pysched.views import iso, job_json
 
@@ -129,7 +128,7 @@ class Upcoming:
 
 def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: int) -> tuple[list[Upcoming], int]:
     """Fires due before now + window, soonest first: each active job's next
-    run, and the cron fires after it (Client.preview) of the soonest
+    run, and the cron fires after it (coming_fires) of the soonest
     `MAX_PREVIEWED_JOBS` jobs; and how many there are in all (at most
     `MAX_UPCOMING` are returned)."""
     end = now_ms + window_ms
@@ -146,11 +145,8 @@ def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: i
         fires.append(Upcoming(rec.job.id, first.run_at_ms, first.due_ms, rec.partition, dst))
         if not isinstance(schedule, CronSchedule) or n >= MAX_PREVIEWED_JOBS:
             continue
-        try:
-            shown = client.preview(rec.job.id, count=MAX_FIRES_PER_JOB, after_ms=first.run_at_ms)
-        except (JobNotFound, InvalidJob):
-            continue  # changed since it was listed
-        for fire in shown.fires:
+        # From the record in hand: no read of the job again.
+        for fire in coming_fires(schedule.expr, schedule.tz, first.run_at_ms, MAX_FIRES_PER_JOB, rec.jitter_ms):
             if fire.at_ms > end:
                 break
             fires.append(Upcoming(rec.job.id, fire.at_ms, fire.due_ms or fire.at_ms, rec.partition, fire.dst))
