@@ -56,6 +56,9 @@ def test_a_node_serves_the_api_and_fires_what_it_adds(tmp_path: Path) -> None:
 
         wait_for(succeeded, 60, "the job added over HTTP to run", log)
         assert call(f"{url}/openapi.json")[1]["info"]["title"] == "pysched"
+        # pysched status reads the same leases as /partitions.
+        (holder,) = json.loads(cli("status", "--json", db=db).stdout)["leaders"].values()
+        assert holder["partitions"] == len(call(f"{url}/partitions")[1])
     finally:
         stop_node(node)
     assert json.loads(cli("history", "hello", "--json", db=db).stdout)[0]["result"] == "hello"

@@ -26,6 +26,7 @@ from pysched.cli.common import (
     cluster_config,
     echo_json,
     fail,
+    open_client,
 )
 from pysched.cli.signals import StopSignals
 from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_BUDGET_FLOOR, MAX_CATCH_UP_RATE, MAX_GRACE_S
@@ -468,21 +469,16 @@ def worker(
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
     """Who leads which partitions, with which fence, and the watermarks."""
-    backends = _open(db, config, access="read")
-    try:
-        now = CLOCK.now_ms()
-        leaders = backends.coordinator.leaders()
-        by_holder: dict[str, dict[str, list[int]]] = {}
-        for p, lease in sorted(leaders.items()):
-            if lease.expires_at_ms and lease.expires_at_ms <= now:
-                continue  # an embedded lease that ran out: nobody leads
-            by_holder.setdefault(lease.holder, {}).setdefault(str(lease.fence), []).append(p)
-        data = {
-            "leaders": {h: {"fences": f, "partitions": sum(len(v) for v in f.values())} for h, f in by_holder.items()},
-            "watermarks": {str(p): iso(t) for p, t in sorted(backends.store.watermarks().items())},
-        }
-    finally:
-        backends.close()
+    # The store and the coordinator alone: no producer or consumer.
+    client = open_client(db, config, access="read")
+    by_holder: dict[str, dict[str, list[int]]] = {}
+    for led in client.leaders():
+        if led.holder is not None:  # else nobody leads it (an embedded lease that ran out)
+            by_holder.setdefault(led.holder, {}).setdefault(str(led.fence), []).append(led.partition)
+    data = {
+        "leaders": {h: {"fences": f, "partitions": sum(len(v) for v in f.values())} for h, f in by_holder.items()},
+        "watermarks": {str(p): iso(t) for p, t in sorted(client.store.watermarks().items())},
+    }
     if as_json:
         echo_json(data)
         return
