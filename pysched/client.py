@@ -25,9 +25,6 @@ from pysched.clock import Clock, SystemClock
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
 from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
-
-if TYPE_CHECKING:
-    from pysched.coord.etcd import EtcdCoordinator as Coordinator
 from pysched.registry import register, register_many, reschedule
 from pysched.registry import replace as replace_job
 from pysched.registry import resume as resume_job
@@ -35,6 +32,9 @@ from pysched.slo import SloReport, slo_report
 from pysched.stores.sqlite_db import Access
 from pysched.sync import SyncReport, sync_module
 from pysched.views import iso
+
+if TYPE_CHECKING:
+    from pysched.coord.etcd import EtcdCoordinator as Coordinator
 
 DEFAULT_DB = "pysched.db"
 # How far `preview` looks: a schedule with no fire in a century has none.
@@ -83,6 +83,10 @@ class RunKey:
 
     def __str__(self) -> str:
         return f"{self.job_id}:{self.run_at_ms}:{self.attempt_group}"
+
+    @classmethod
+    def of(cls, run: RunRecord) -> RunKey:
+        return cls(run.job_id, run.run_at_ms, run.attempt_group)
 
     @classmethod
     def parse(cls, text: str) -> RunKey:

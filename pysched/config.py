@@ -57,6 +57,11 @@ class ConfigError(ValueError):
     """A configuration that cannot be used, with the file and field named."""
 
 
+# An HTTP API token shorter than this is refused (too easily guessed over
+# the network), from the config file or PYSCHED_API_TOKEN.
+MIN_API_TOKEN_CHARS = 16
+
+
 class ClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -122,7 +127,7 @@ class ClusterConfig(BaseModel):
     )
     api_token: str | None = Field(
         default=None,
-        min_length=16,
+        min_length=MIN_API_TOKEN_CHARS,
         pattern=r"^[\x21-\x7e]+$",
         description="the bearer token every HTTP API request must carry (or PYSCHED_API_TOKEN)",
     )

@@ -237,6 +237,12 @@ class FailedAttempt:
         )
 
 
+# Run states owed again at the run's due_ms (a retry's, or the end of its
+# parking): the dispatch and start times it shows are an earlier attempt's,
+# and a lag taken from them against that due time would mean nothing.
+OWED_AGAIN = frozenset({"retrying", "parked"})
+
+
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     run_id: int

@@ -6,7 +6,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from pysched.protocols import FailedAttempt, JobRecord, RunRecord
+from pysched.protocols import OWED_AGAIN, FailedAttempt, JobRecord, RunRecord
 from pysched.slo import SloReport
 
 
@@ -43,9 +43,7 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:
-    if run.state in ("retrying", "parked"):
-        # Its due time is the retry's (or the end of its parking); the times
-        # beside it are an earlier attempt's, whose lags would mean nothing.
+    if run.state in OWED_AGAIN:
         run = replace(run, dispatched_at_ms=None, started_at_ms=None)
     return {
         "run_id": run.run_id,
@@ -67,6 +65,11 @@ def run_json(run: RunRecord) -> dict[str, Any]:
         "error": run.error,
         "result": run.result,
     }
+
+
+def last_run_json(run: RunRecord | None) -> dict[str, Any] | None:
+    """A job's last run, or None before its first (`ls`, `show`, the API)."""
+    return None if run is None else run_json(run)
 
 
 def failure_json(failure: FailedAttempt) -> dict[str, Any]:

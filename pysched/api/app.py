@@ -27,8 +27,8 @@ from pysched.api.ui import LOGIN_PATH, OPEN_PATHS, PAGE_PATHS, dashboard
 from pysched.client import MAX_PREVIEW, Client, Preview, RunKey
 from pysched.model import CronSchedule, Job, OnceSchedule
 from pysched.problems import InvalidJob, Problem, problems_from_errors
-from pysched.protocols import JobExists, JobNotActive, JobNotFound, RunNotFound, RunRecord
-from pysched.views import dead_letter_json, iso, job_json, run_json, slo_json
+from pysched.protocols import JobExists, JobNotActive, JobNotFound, RunNotFound
+from pysched.views import dead_letter_json, iso, job_json, last_run_json, run_json, slo_json
 
 # No job's id is longer (model.JOB_ID_PATTERN): a longer one is refused, not
 # looked up and echoed back.
@@ -131,7 +131,7 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
     def list_jobs() -> list[dict[str, Any]]:
         records = client.ls()
         last = client.last_runs([r.job.id for r in records])
-        return [{**job_json(r), "last_run": _maybe_run(last.get(r.job.id))} for r in records]
+        return [{**job_json(r), "last_run": last_run_json(last.get(r.job.id))} for r in records]
 
     @app.post("/jobs", status_code=201, tags=["jobs"])
     def add_job(job: Job) -> dict[str, Any]:
@@ -148,7 +148,7 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         rec = client.get(job_id)
         return {
             **job_json(rec),
-            "last_run": _maybe_run(client.last_runs([job_id]).get(job_id)),
+            "last_run": last_run_json(client.last_runs([job_id]).get(job_id)),
             "missed": client.missed([rec])[job_id],
         }
 
@@ -215,9 +215,7 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         if bool(request.runs) == request.all:
             raise InvalidJob((Problem("runs", "give run keys or all, not both" if request.runs else "give run keys"),))
         keys = (
-            [RunKey(r.job_id, r.run_at_ms, r.attempt_group) for r in client.dead_letters(100_000)]
-            if request.all
-            else [_run_key(k) for k in request.runs]
+            [RunKey.of(r) for r in client.dead_letters(100_000)] if request.all else [_run_key(k) for k in request.runs]
         )
         done = client.redrive(keys)
         return {
@@ -258,7 +256,3 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
     else:
         app.add_middleware(LoopbackHosts)
     return app
-
-
-def _maybe_run(run: RunRecord | None) -> dict[str, Any] | None:
-    return None if run is None else run_json(run)

@@ -12,10 +12,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from pysched.api.guard import is_loopback_name
+from pysched.config import MIN_API_TOKEN_CHARS
 
 TOKEN_ENV = "PYSCHED_API_TOKEN"
-# Too short to resist guessing over the network.
-MIN_TOKEN_CHARS = 16
 
 
 class UnsafeHost(ValueError):
@@ -33,8 +32,8 @@ def check_exposure(host: str, token: str | None) -> None:
             f"{host} is not a loopback address (127.0.0.1, ::1, localhost), and no api_token is configured:"
             f" set {TOKEN_ENV} (or api_token in the --config file), or listen on 127.0.0.1"
         )
-    if token is not None and (len(token) < MIN_TOKEN_CHARS or not token.isprintable() or " " in token):
-        raise UnsafeToken(f"at least {MIN_TOKEN_CHARS} printable characters, no spaces")
+    if token is not None and (len(token) < MIN_API_TOKEN_CHARS or not token.isprintable() or " " in token):
+        raise UnsafeToken(f"at least {MIN_API_TOKEN_CHARS} printable characters, no spaces")
 
 
 def token_from(configured: str | None) -> tuple[str | None, str]:

@@ -134,7 +134,7 @@ def redrive(
         dead = client.dead_letters(_LIMIT)
         if target is not None:
             dead = [r for r in dead if _downstream(client, r.job_id) == target]
-        keys = [RunKey(r.job_id, r.run_at_ms, r.attempt_group) for r in dead]
+        keys = [RunKey.of(r) for r in dead]
     outcome = client.redrive(keys)
     done = [str(k) for k in outcome.redriven]
     missed = [str(k) for k in outcome.not_dead_letters]

@@ -42,8 +42,8 @@ from pysched.model import (
     RetryPolicy,
 )
 from pysched.problems import ID_RULE, InvalidJob
-from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunRecord
-from pysched.views import iso, job_json, run_json
+from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord
+from pysched.views import iso, job_json, last_run_json, run_json
 
 
 def _now_ms() -> int:
@@ -431,7 +431,7 @@ def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOpti
         missed = client.missed(records)
         echo_json(
             [
-                {**job_json(r), "last_run": _last_run_json(last.get(r.job.id)), "missed": missed[r.job.id]}
+                {**job_json(r), "last_run": last_run_json(last.get(r.job.id)), "missed": missed[r.job.id]}
                 for r in records
             ]
         )
@@ -454,10 +454,6 @@ def _cell(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _last_run_json(run: RunRecord | None) -> dict[str, Any] | None:
-    return None if run is None else run_json(run)
-
-
 def show(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     db: DbOption = DEFAULT_DB,
@@ -471,7 +467,7 @@ def show(
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
     data = job_json(rec)
-    data["last_run"] = _last_run_json(client.last_runs([job_id]).get(job_id))
+    data["last_run"] = last_run_json(client.last_runs([job_id]).get(job_id))
     data["missed"] = client.missed([rec])[job_id]
     if as_json:
         echo_json(data)

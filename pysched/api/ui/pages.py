@@ -22,7 +22,7 @@ from pysched import cron
 from pysched.api.ui.html import Cell, Html, Part, Post, part_html, tag
 from pysched.client import Client, PartitionLeader, RunKey, coming_fires
 from pysched.model import CronSchedule
-from pysched.protocols import JobNotFound, JobRecord, RunRecord
+from pysched.protocols import OWED_AGAIN, JobNotFound, JobRecord, RunRecord
 from pysched.views import iso, job_json
 
 DEFAULT_WINDOW_MIN = 60
@@ -42,8 +42,9 @@ PREVIEW_FIRES = 10
 DEAD_LETTERS = 500
 # Upper bounds of the lag buckets, in ms; below 0 is a run handed on early.
 LAG_BOUNDS_MS = (0, 10, 50, 100, 250, 500, 1_000, 5_000, 30_000)
-# Runs whose lags mean nothing: their times are an earlier attempt's.
-_NO_LAG = frozenset({"retrying", "parked", "scheduled"})
+# Runs whose lags mean nothing: their times are an earlier attempt's (owed
+# again, or a run revived by a reschedule, not handed on since).
+_NO_LAG = OWED_AGAIN | {"scheduled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,7 +388,7 @@ def dead_letters_part(client: Client) -> Part:
     dead = client.dead_letters(DEAD_LETTERS)
     rows = []
     for run in dead:
-        key = RunKey(run.job_id, run.run_at_ms, run.attempt_group)
+        key = RunKey.of(run)
         last = run.failures[-1] if run.failures else None
         rows.append(
             [
