@@ -150,21 +150,13 @@ def _retry(
 def declared_jobs(module: ModuleType) -> list[Job]:
     """The jobs ``module``'s own functions declare (not those it imports
     from elsewhere), by id; two with one id are refused."""
-    found: dict[str, Job] = {}
-    functions: dict[str, object] = {}
+    found: dict[str, tuple[object, Job]] = {}
     for value in vars(module).values():
         declared = getattr(value, _ATTRIBUTE, None)
         if not isinstance(declared, Job) or getattr(value, "__module__", None) != module.__name__:
             continue
         # One function under two names (``b = a``) is one declaration.
-        if declared.id in found and functions[declared.id] is not value:
+        if declared.id in found and found[declared.id][0] is not value:
             raise InvalidJob((Problem("id", f"{declared.id!r} is declared twice in {module.__name__}"),))
-        found[declared.id] = declared
-        functions[declared.id] = value
-    return [found[key] for key in sorted(found)]
-
-
-def declared(func: Callable[..., Any]) -> Job | None:
-    """The job a function was declared as, if any."""
-    value = getattr(func, _ATTRIBUTE, None)
-    return value if isinstance(value, Job) else None
+        found[declared.id] = (value, declared)
+    return [found[key][1] for key in sorted(found)]

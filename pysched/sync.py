@@ -46,6 +46,10 @@ class SyncReport:
     # Nothing was written: what a sync would do.
     dry_run: bool
 
+    @property
+    def declared(self) -> int:
+        return len(self.added) + len(self.updated) + len(self.unchanged) + len(self.skipped)
+
 
 def import_declarations(module: ModuleType | str) -> ModuleType:
     """The module, imported if given by name (its import errors propagate)."""

@@ -111,9 +111,8 @@ def _print_report(report: SyncReport) -> None:
     for skipped in report.skipped:
         typer.echo(f"skipped {skipped.job_id}: {skipped.reason}")
     changed = len(report.added) + len(report.updated) + len(report.pruned)
-    declared = len(report.added) + len(report.updated) + len(report.unchanged) + len(report.skipped)
     typer.echo(
-        f"{report.module}: {declared} declared,"
+        f"{report.module}: {report.declared} declared,"
         f" {changed} {'to change' if report.dry_run else 'changed'}, {len(report.unchanged)} unchanged"
         + (f", {len(report.skipped)} skipped" if report.skipped else "")
     )
