@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 import sys
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, cluster_config, fail, open_client
+from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, cluster_config, fail, listening, open_client
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -45,14 +44,8 @@ def serve_api_on(
         fail(f"{host_flag}: {exc}")
     except UnsafeToken as exc:
         fail(f"{token_source}: {exc}")
-    try:
+    with listening(host_flag, port_flag, host, port):
         sock = bind(host, port)
-    except socket.gaierror as exc:
-        fail(f"{host_flag}: {host!r} is not an address of this machine: {exc.strerror or exc}")
-    except OSError as exc:
-        if exc.errno == errno.EADDRNOTAVAIL:
-            fail(f"{host_flag}: {host!r} is not an address of this machine: {exc.strerror or exc}")
-        fail(f"{port_flag}: cannot listen on {host}:{port}: {exc.strerror or exc}")
     client = open_client(db, config, access="create")
     return create_app(client, token=token), sock
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import shlex
+import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -98,6 +102,21 @@ def cluster_config(path: str) -> ClusterConfig:
         return load_config(path)
     except ConfigError as exc:
         fail(f"--config: {exc}")
+
+
+@contextmanager
+def listening(host_flag: str, port_flag: str, host: str, port: int) -> Iterator[None]:
+    """Exit 2 for an address a server cannot listen on, naming the flag at
+    fault: the host's for a name that resolves to none of this machine's
+    addresses, the port's for a port taken or not allowed."""
+    try:
+        yield
+    except socket.gaierror as exc:
+        fail(f"{host_flag}: {host!r} is not an address of this machine: {exc.strerror or exc}")
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            fail(f"{host_flag}: {host!r} is not an address of this machine: {exc.strerror or exc}")
+        fail(f"{port_flag}: cannot listen on {host}:{port}: {exc.strerror or exc}")
 
 
 def unopened_client(db: str, config: str | None = None, *, access: Access) -> Client:

@@ -6,7 +6,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 import threading
 from dataclasses import replace
@@ -26,6 +25,7 @@ from pysched.cli.common import (
     cluster_config,
     echo_json,
     fail,
+    listening,
     open_client,
 )
 from pysched.cli.signals import StopSignals
@@ -107,12 +107,8 @@ def _metrics(host: str, port: int | None) -> NodeMetrics | None:
     from pysched.metrics import NodeMetrics
 
     metrics = NodeMetrics()
-    try:
+    with listening("--metrics-host", "--metrics-port", host, port):
         metrics.serve(host, port)
-    except socket.gaierror as exc:
-        fail(f"--metrics-host: {host!r} is not an address of this machine: {exc.strerror or exc}")
-    except OSError as exc:
-        fail(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}")
     return metrics
 
 
