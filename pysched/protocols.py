@@ -185,6 +185,13 @@ class JobRecord:
 TRIGGERABLE = frozenset({"active", "completed"})
 
 
+def check_triggerable(job_id: str, state: str) -> None:
+    """JobNotActive unless a job in ``state`` may be triggered (every store's
+    rule and words)."""
+    if state not in TRIGGERABLE:
+        raise JobNotActive(f"job {job_id!r} is {state}" + (": resume it first" if state == "paused" else ""))
+
+
 class RunNotFound(LookupError):
     """No run with this identity."""
 

@@ -38,7 +38,6 @@ from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
     NEAR_MS,
     SETTLE_MS,
-    TRIGGERABLE,
     AttemptCount,
     BreakerRow,
     DispatchOutcome,
@@ -57,6 +56,7 @@ from pysched.protocols import (
     RunNotFound,
     RunRecord,
     add_read_run,
+    check_triggerable,
     delivery_for,
     is_near,
     next_attempt,
@@ -803,9 +803,7 @@ class MemoryScheduleStore:
     def trigger(self, job_id: str, now_ms: int) -> RunRecord:
         with self._op("trigger"):
             current = self._row(job_id)
-            if current.state not in TRIGGERABLE:
-                paused = ": resume it first" if current.state == "paused" else ""
-                raise JobNotActive(f"job {job_id!r} is {current.state}{paused}")
+            check_triggerable(job_id, current.state)
             group = max((g for at, g in self.tables.runs.get(job_id, {}) if at == now_ms), default=0) + 1
             self._write_run(job_id, current.partition, PlannedRun(now_ms, now_ms + HAND_BACK_MS), group)
             self.tables.bump(current.partition)

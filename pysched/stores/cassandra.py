@@ -51,7 +51,6 @@ from pysched.protocols import (
     DEFAULT_PARTITIONS,
     NEAR_MS,
     SETTLE_MS,
-    TRIGGERABLE,
     AttemptCount,
     BreakerRow,
     DispatchOutcome,
@@ -71,6 +70,7 @@ from pysched.protocols import (
     RunNotFound,
     RunRecord,
     add_read_run,
+    check_triggerable,
     delivery_for,
     is_near,
     next_attempt,
@@ -1141,9 +1141,7 @@ class CassandraScheduleStore:
 
     def trigger(self, job_id: str, now_ms: int) -> RunRecord:
         current = self._row(job_id)
-        if current.state not in TRIGGERABLE:
-            paused = ": resume it first" if current.state == "paused" else ""
-            raise JobNotActive(f"job {job_id!r} is {current.state}{paused}")
+        check_triggerable(job_id, current.state)
         # The run's row is taken with a conditional insert, so two triggers
         # of one job in the same millisecond are two runs, and a run that
         # already ran is never reset; then its schedule row, due ahead of

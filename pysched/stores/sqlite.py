@@ -14,7 +14,6 @@ from pysched.model import STORED, Job, Overlap, plannable_job
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
     NEAR_MS,
-    TRIGGERABLE,
     AttemptCount,
     BreakerRow,
     DispatchOutcome,
@@ -32,6 +31,7 @@ from pysched.protocols import (
     Run,
     RunNotFound,
     RunRecord,
+    check_triggerable,
     is_near,
     within_fences,
 )
@@ -714,8 +714,7 @@ class SQLiteScheduleStore:
             row = conn.execute("SELECT state, partition FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             if row is None:
                 raise JobNotFound(f"no job {job_id!r}")
-            if row[0] not in TRIGGERABLE:
-                raise JobNotActive(f"job {job_id!r} is {row[0]}" + (": resume it first" if row[0] == "paused" else ""))
+            check_triggerable(job_id, row[0])
             (group,) = conn.execute(
                 "SELECT coalesce(max(attempt_group), 0) + 1 FROM runs WHERE job_id = ? AND run_at_ms = ?",
                 (job_id, now_ms),
