@@ -366,8 +366,8 @@ def up(
             min=1,
             max=1_000,
             help="Runs a worker thread takes at once from the queue in a burst, claimed, started and recorded"
-            f" together (default {WorkerConfig.batch}; never more than its share of what is queued). Their"
-            " targets run one after another: 1 keeps a long run from holding up others.",
+            f" together (default {WorkerConfig.batch}; never more than its share of what is queued, nor than"
+            " --workers has free). Their targets start at once, each on a thread of its own.",
         ),
     ] = WorkerConfig.batch,
     api_port: ApiPortOption = None,

@@ -15,12 +15,11 @@ _BUSY_RECHECK_MIN_MS = 250
 class WorkerConfig:
     concurrency: int = 4
     # The most deliveries a worker takes at once from a queue that can give
-    # several (the embedded one; Kafka's give one at a time), and never more
-    # than its share of what is queued: in a burst their claims are one
-    # write and their ends another, where a run alone costs three. Their
-    # targets run one after another on the worker's thread, so a long one
-    # holds up the rest of its batch; when the queue is short, as between
-    # bursts, a batch is of one.
+    # several (the embedded one; Kafka's give one at a time), never more
+    # than its share of what is queued nor than the places free to run them
+    # (``concurrency`` in all): in a burst their claims are one write and
+    # their ends another, where a run alone costs three. Their targets all
+    # start at once, each on a thread of its own: none waits behind another.
     batch: int = 16
     lease_ms: int = 30_000
     heartbeat_ms: int = 10_000

@@ -25,8 +25,11 @@ arrives later is dropped.
 
 The calls take a batch of executions, each carrying how far it got: an
 attempt that failed halfway is repeated whole, and an execution whose run
-has ended only records it, never runs again. Today the batches are of one;
-the store and claims calls inside are where a batch becomes one write.
+has ended only records it, never runs again. A batch's claims, starts and
+ends are one write each; its targets are called as ``calls`` says (a node's
+pool: each on a thread of its own, all at once, so none waits behind
+another; a simulator: one after another), and each holds a place of the
+node's ``capacity`` from its delivery's taking until its target returns.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from pysched.records import DispatchRecord
 from pysched.retries import retry_delay_ms
 from pysched.shell import stop_commands
 from pysched.targets import RunContext, context_for, run_target
+from pysched.worker.calls import Capacity, InlineCalls, TargetCalls
 from pysched.worker.config import WorkerConfig
 from pysched.worker.downstreams import DownstreamGuard
 from pysched.worker.observer import NoObserver, RunObserver, RunOutcome
@@ -149,6 +153,9 @@ class Execution:
     replaced: bool = False  # stopped because a newer run of its job replaced it
     recorded: bool = False  # its end is recorded: never again
     recording: bool = False  # a thread is recording its end now
+    # It holds a place of its node's capacity (calls.Capacity): from its
+    # delivery's taking until its target returns, or it ends without a call.
+    reserved: bool = False
 
 
 class Executor:
@@ -162,8 +169,14 @@ class Executor:
         rng: random.Random | None = None,
         dead_letters: DeadLetterSink | None = None,
         observer: RunObserver | None = None,
+        calls: TargetCalls | None = None,
+        capacity: Capacity | None = None,
     ) -> None:
         self.claims = claims
+        self.calls: TargetCalls = calls or InlineCalls()
+        # None: a worker takes what its batch allows, and the calls are not
+        # counted (one after another on a simulator's step).
+        self.capacity = capacity
         self.dead_letters = dead_letters
         self.observer: RunObserver = observer or NoObserver()
         self._rng = rng or random.Random()
@@ -204,6 +217,17 @@ class Executor:
         with self._lock:
             for execution in executions:
                 self._running.pop(execution.holder, None)
+        self._free_places(executions)
+
+    def _free_places(self, executions: Sequence[Execution]) -> None:
+        """Give back the places the executions hold of the node's capacity."""
+        if self.capacity is None:
+            return
+        with self._lock:
+            freed = [e for e in executions if e.reserved]
+            for execution in freed:
+                execution.reserved = False
+        self.capacity.give_back(len(freed))
 
     def running(self) -> int:
         """How many executions hold a claim they extend."""
@@ -335,19 +359,29 @@ class Executor:
                     ready.append(execution)
                 else:
                     self._set_ended(execution, ended)
-        # What ended without a call (or in an earlier attempt), in one write;
-        # then the ends of the runs called, together, but none left waiting
-        # past _RECORD_WITHIN_MS when another target is to start.
+        # What ended without a call (or in an earlier attempt), in one write,
+        # its places given back; then the ends of the runs called, together,
+        # but none left waiting past _RECORD_WITHIN_MS, nor for a run still
+        # running.
+        self._free_places([e for e in executions if e.ended is not None or e.interrupted])
         self._record(executions)
         called: list[Execution] = []
-        for execution in self._start(ready):
+        for ends in self.calls.run(self._start(ready), self._call_in_place):
+            for execution, end in ends.returned:
+                self._set_ended(execution, end)
+                called.append(execution)
             first_end = next((e.ended.at_ms for e in called if e.ended is not None and not e.recorded), None)
-            if first_end is not None and self.clock.now_ms() - first_end >= _RECORD_WITHIN_MS:
+            if ends.more_running or (first_end is not None and self.clock.now_ms() - first_end >= _RECORD_WITHIN_MS):
                 self._record(called)
-            self._set_ended(execution, self._call(execution))
-            called.append(execution)
         self._record(ready)
         return outcomes
+
+    def _call_in_place(self, execution: Execution) -> Ended:
+        """Its call, then its place of the node's capacity given back."""
+        try:
+            return self._call(execution)
+        finally:
+            self._free_places([execution])
 
     def record_ended(self) -> None:
         """Record the runs that have ended and wait in their batch to be
@@ -390,8 +424,15 @@ class Executor:
         was handed on ends there (it never runs, and its row belongs to the
         cancellation); one interrupted, or, past a batch's first, reached
         once its node has begun to stop, is let go of, to be handed on
-        again. A batch's later runs are recorded started before they are:
-        their targets run one after another."""
+        again. Called one after another (a simulator's steps), a batch's
+        later runs are recorded started before they are; a node's pool
+        calls them all at once. Those not yielded give back their places."""
+        try:
+            yield from self._starting(ready)
+        finally:
+            self._free_places([e for e in ready if e.ended is not None or e.interrupted])
+
+    def _starting(self, ready: list[Execution]) -> Iterator[Execution]:
         if len(ready) > 1 and self.stopping.is_set():
             # Not started: let go of as they are, for the next node.
             for execution in ready[1:]:
@@ -420,9 +461,23 @@ class Executor:
             if instead is not None:
                 self._set_ended(execution, instead)
                 continue
-            execution.started_at_ms = self.clock.now_ms()
-            self.observer.started(execution.record.due_ms, execution.started_at_ms)
+            started_at_ms = self._mark_called(execution)
+            if started_at_ms is None:
+                # Interrupted meanwhile, and recorded so by the interruption.
+                self._interrupted_before_start(execution, by_interrupt=True)
+                continue
+            self.observer.started(execution.record.due_ms, started_at_ms)
             yield execution
+
+    def _mark_called(self, execution: Execution) -> int | None:
+        """Its start time, now, unless it was interrupted: under the lock,
+        so that an interruption sees every run whose target is called or
+        about to be (``started_at_ms`` set), and no other."""
+        with self._lock:
+            if execution.interrupted:
+                return None
+            execution.started_at_ms = self.clock.now_ms()
+            return execution.started_at_ms
 
     def _let_go_unstarted(self, execution: Execution) -> None:
         """A run of a batch the stopping node will not start: its claim is

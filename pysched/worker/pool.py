@@ -32,6 +32,7 @@ from pysched.protocols import (
     ScheduleStore,
 )
 from pysched.shell import stop_commands
+from pysched.worker.calls import Capacity, ThreadedCalls
 from pysched.worker.config import WorkerConfig
 from pysched.worker.executor import Executor
 from pysched.worker.observer import RunObserver
@@ -56,8 +57,18 @@ class WorkerPool:
         self.dispatcher = dispatcher
         self.clock = clock
         self.config = config or WorkerConfig()
+        # Every run a worker takes starts at once, on a thread of its own,
+        # and no more run at once than ``concurrency``.
         self.executor = Executor(
-            claims, store, clock, holder, self.config, dead_letters=dead_letters, observer=observer
+            claims,
+            store,
+            clock,
+            holder,
+            self.config,
+            dead_letters=dead_letters,
+            observer=observer,
+            calls=ThreadedCalls(),
+            capacity=Capacity(self.config.concurrency),
         )
         # The executor's: what the workers did, and how often the supervisor stepped in.
         self.counts: Counter[str] = self.executor.counts

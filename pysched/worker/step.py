@@ -39,7 +39,10 @@ class DeliveryWorker:
     """``batch``: the most deliveries it takes at once, from a consumer that
     can give several (protocols.BatchConsumer, the embedded queue); others
     give one at a time. A batch's claims are taken in one write and its
-    runs' ends recorded in another; its targets run one after another."""
+    runs' ends recorded in another; its targets are called as the
+    executor's ``calls`` say. Where the executor counts its node's
+    ``capacity``, it takes no more deliveries than there are places free,
+    so that every run it takes starts at once."""
 
     def __init__(self, consumer: DispatchConsumer, executor: Executor, rng: random.Random, batch: int = 1) -> None:
         self.consumer = consumer
@@ -88,14 +91,30 @@ class DeliveryWorker:
             return True
         if self._stopped:
             return False
-        if self._batch > 1:
-            assert isinstance(self.consumer, BatchConsumer)
-            deliveries = self.consumer.next_batch(self._batch, wait_s)
+        capacity = self.executor.capacity
+        places = self._batch if capacity is None else capacity.reserve(self._batch, wait_s)
+        if places == 0:
+            return False  # every place is taken: the runs queued wait there
+        try:
+            deliveries = self._take(places, wait_s)
+        finally:
+            if capacity is not None:
+                capacity.give_back(places - len(self._held))
+        if not deliveries:
+            return False
+        if self._held:
+            self._attempt(list(self._held))
+        return True
+
+    def _take(self, most: int, wait_s: float) -> list[Delivery]:
+        """Up to ``most`` deliveries, held as new executions (each holding a
+        place of the capacity, where it is counted); an undecodable one is
+        acknowledged and dropped."""
+        if most > 1 and isinstance(self.consumer, BatchConsumer):
+            deliveries = self.consumer.next_batch(most, wait_s)
         else:
             delivery = self.consumer.next(wait_s)
             deliveries = [] if delivery is None else [delivery]
-        if not deliveries:
-            return False
         for delivery in deliveries:
             try:
                 record = native.decode(delivery.payload)
@@ -106,10 +125,10 @@ class DeliveryWorker:
                 self.executor.count("errors")
                 self._ack(delivery)
                 continue
-            self._held.append(_Held(delivery, self.executor.new_execution(record)))
-        if self._held:
-            self._attempt(list(self._held))
-        return True
+            execution = self.executor.new_execution(record)
+            execution.reserved = self.executor.capacity is not None
+            self._held.append(_Held(delivery, execution))
+        return deliveries
 
     def _attempt(self, batch: list[_Held]) -> None:
         executor = self.executor
