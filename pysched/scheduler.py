@@ -40,19 +40,33 @@ class Scheduler:
         *,
         workers: int = 4,
         grace_s: float = 30.0,
+        lease_s: float = 30.0,
         clock: Clock | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         """``on_failure`` is called, on the scheduler's thread, if its node
         fails (a store it can no longer write, say): the jobs then stop
-        firing, as ``running`` says; the failure is also logged."""
+        firing, as ``running`` says; the failure is also logged.
+        ``lease_s``: how long a running run's claim lasts without a
+        heartbeat (they come every third of it), as `pysched up --lease`:
+        a run whose process died is taken over that long after."""
         if not 1 <= workers <= 256:
             raise ValueError(f"workers: from 1 to 256; got {workers}")
         if not 0 <= grace_s <= 86_400:
             raise ValueError(f"grace_s: seconds from 0 to 86400; got {grace_s}")
+        if not 0.3 <= lease_s <= 86_400:
+            raise ValueError(f"lease_s: seconds from 0.3 to 86400; got {lease_s}")
         self.clock: Clock = clock or SystemClock()
         self.client = Client(db, clock=self.clock)
-        self._config = WorkerConfig(concurrency=workers, grace_s=grace_s)
+        # The application's process outlives the scheduler: a Python job
+        # still running after the grace keeps its claim until it returns.
+        self._config = WorkerConfig(
+            concurrency=workers,
+            grace_s=grace_s,
+            lease_ms=round(lease_s * 1000),
+            heartbeat_ms=round(lease_s * 1000 / 3),
+            process_exits_at_stop=False,
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._backends: EmbeddedBackends | None = None
@@ -88,7 +102,13 @@ class Scheduler:
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Stop firing, let running jobs finish within the grace period, and
-        close the database. Raises SchedulerStopped if the node had failed."""
+        close the database. Raises SchedulerStopped if the node had failed.
+
+        A shell job still running after the grace is stopped and run again
+        later. A Python function cannot be stopped: its ``ctx.cancelled`` is
+        set, and it keeps its run's claim until it returns, so that no other
+        node runs it beside it; its outcome is then recorded, and the
+        database closed, in the background."""
         if self._thread is None:
             return
         self._stop.set()
@@ -96,11 +116,20 @@ class Scheduler:
         if self._thread.is_alive() and self._node is not None:
             self._node.stop_now()
             self._thread.join(5.0)
-        if self._backends is not None:
+        if self._node is not None and self._node.workers.executor.running():
+            threading.Thread(target=self._close_after_runs, name="pysched-closing", daemon=True).start()
+        elif self._backends is not None:
             self._backends.close()
         self.client.close()
         if self._failure is not None:
             raise SchedulerStopped(f"the scheduler's node failed: {self._failure!r}") from self._failure
+
+    def _close_after_runs(self) -> None:
+        """Close the database once the runs that went on past the stop have
+        returned and been recorded."""
+        assert self._node is not None and self._backends is not None
+        self._node.workers.wait_ended()
+        self._backends.close()
 
     def __enter__(self) -> Scheduler:
         self.start()

@@ -126,6 +126,15 @@ def run_target(
         return failure_outcome(exc)
 
 
+def runs_in_thread(job: Job) -> bool:
+    """Whether the job's target runs in the worker's own thread, which
+    nothing can stop (a Python function without a timeout, an HTTP call):
+    a shell command, a timed Python target's child process and the wait on
+    a workflow are stopped with their node."""
+    target = job.target
+    return isinstance(target, HttpTarget) or (isinstance(target, PythonTarget) and target.timeout_s is None)
+
+
 class _Unimportable(Exception):
     """The target's module or function cannot be found: trying again will
     not find it."""

@@ -3,13 +3,14 @@ process, firing the process's own functions."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 import pysched
 from pysched import Client, Scheduler
-from tests.helpers import now_ms, wait_for
+from tests.helpers import now_ms, start_node, stop_node, wait_for
 from tests.test_client import declaring_module
 
 JOBS = """
@@ -87,6 +88,8 @@ def test_a_scheduler_starts_once_and_refuses_bad_settings(tmp_path: Path) -> Non
     scheduler.stop()  # a second stop does nothing
     with pytest.raises(ValueError, match="workers"):
         Scheduler(tmp_path / "app.db", workers=0)
+    with pytest.raises(ValueError, match="lease_s"):
+        Scheduler(tmp_path / "app.db", lease_s=0.1)
     with pytest.raises(pysched.InvalidJob):
         Scheduler(tmp_path / "app.db").client.add({"id": "x"})
 
@@ -106,3 +109,53 @@ def test_a_scheduler_whose_node_fails_says_so_at_once(tmp_path: Path, monkeypatc
     wait_for(lambda: not scheduler.running, 30, "the scheduler to stop running")
     with pytest.raises(pysched.SchedulerStopped, match="disk gone"):
         scheduler.stop()
+
+
+# Runs until the test releases it, ignoring ctx.cancelled (as a careless job
+# does), and says which attempt started and whether it was told to stop.
+LINGERS = """
+import time
+from pathlib import Path
+
+def lingers(ctx):
+    where = Path(ctx.payload["dir"])
+    (where / f"run.{ctx.attempt}").touch()
+    deadline = time.monotonic() + 120
+    while not (where / "release").exists() and time.monotonic() < deadline:
+        if ctx.cancelled.is_set():
+            (where / f"cancelled.{ctx.attempt}").touch()
+        time.sleep(0.05)
+    return "done"
+"""
+
+
+def test_a_stopped_scheduler_keeps_the_claim_of_a_python_run_still_going_so_no_node_runs_it_twice(
+    tmp_path: Path,
+) -> None:
+    module = declaring_module(tmp_path, LINGERS)
+    db = tmp_path / "l.db"
+    scheduler = Scheduler(db, workers=2, grace_s=1, lease_s=1.5)
+    scheduler.start()
+    scheduler.client.add(one_shot("lingers", f"{module}:lingers", 200, dir=str(tmp_path)))
+    wait_for(lambda: (tmp_path / "run.1").exists(), 60, "the run to start")
+    scheduler.stop()
+    # Past the grace: told to stop, and still running, in this process.
+    wait_for(lambda: (tmp_path / "cancelled.1").exists(), 30, "ctx.cancelled to be set")
+    log = tmp_path / "node.log"
+    node = start_node(db, tmp_path, log, "--lease", "1.5")
+    try:
+        wait_for(lambda: "leading partitions" in log.read_text(), 60, "the other node to lead", log)
+        # Several leases long: the first run's claim is kept alive meanwhile,
+        # and the other node does not run it again beside it.
+        time.sleep(6)
+        assert not (tmp_path / "run.2").exists()
+        (tmp_path / "release").touch()
+        with Client(db, access="read") as reader:
+            wait_for(lambda: state_of(reader, "lingers") == "succeeded", 60, "the first run's end to be recorded", log)
+            (run,) = reader.history("lingers")
+        assert (run.attempt, run.result) == (1, '"done"')
+        time.sleep(3)
+        assert not (tmp_path / "run.2").exists()
+    finally:
+        (tmp_path / "release").touch()
+        stop_node(node)

@@ -40,6 +40,13 @@ class WorkerConfig:
     # How long an interrupted shell command has to end after SIGTERM before
     # SIGKILL: short, since the grace period came before it.
     kill_after_s: float = 2.0
+    # Whether the process ends once its node has stopped (`pysched up`,
+    # `pysched worker`): a run whose target runs in a thread (a Python
+    # function, an HTTP call), which nothing stops, then ends with the
+    # process, and is recorded interrupted at once. An application's
+    # Scheduler lives on: such a run keeps its claim, ctx.cancelled set,
+    # until its target returns, so that no other node runs it beside it.
+    process_exits_at_stop: bool = True
     # The Temporal server of --temporal targets, host:port; None: the
     # PYSCHED_TEMPORAL_ADDRESS environment variable, else 127.0.0.1:7233.
     temporal_address: str | None = None

@@ -67,7 +67,7 @@ from pysched.protocols import (
 from pysched.records import DispatchRecord
 from pysched.retries import retry_delay_ms
 from pysched.shell import stop_commands
-from pysched.targets import RunContext, context_for, run_target
+from pysched.targets import RunContext, context_for, run_target, runs_in_thread
 from pysched.worker.calls import Capacity, InlineCalls, TargetCalls
 from pysched.worker.config import WorkerConfig
 from pysched.worker.downstreams import DownstreamGuard
@@ -492,12 +492,32 @@ class Executor:
         executions whose runs have not ended are marked interrupted (an
         outcome they reach later is dropped). Returns those, for
         ``record_interrupted`` once their shell commands are stopped (under
-        ``interrupting``, see shell.stop_commands)."""
+        ``interrupting``, see shell.stop_commands).
+
+        A target running in a thread (targets.runs_in_thread) cannot be
+        stopped: its ``ctx.cancelled`` is set. Unless the process is about
+        to exit and end it (``process_exits_at_stop``), its run is not
+        interrupted: it keeps its claim, extended by the heartbeat, until
+        its target returns, and is recorded as it ends. Letting go of the
+        claim of a run still running would let another node run it beside
+        it."""
         with self._lock:
             self.interrupting.set()
-            marked = [e for e in self._running.values() if e.ended is None and not e.interrupted]
+            unended = [e for e in self._running.values() if e.ended is None and not e.interrupted]
+            in_thread = [e for e in unended if e.started_at_ms is not None and e.job and runs_in_thread(e.job)]
+            going_on = [] if self.config.process_exits_at_stop else in_thread
+            marked = [e for e in unended if e not in going_on]
             for execution in marked:
                 execution.interrupted = True
+        for execution in in_thread:
+            execution.cancelled.set()
+        if going_on:
+            log.warning(
+                "%d runs go on after the stop (%s): their targets run in threads, which cannot be stopped;"
+                " ctx.cancelled is set, and each keeps its claim until it returns",
+                len(going_on),
+                ", ".join(sorted({e.record.job_id for e in going_on})[:5]),
+            )
         return marked
 
     def record_interrupted(self, executions: Sequence[Execution], why: str) -> None:

@@ -129,6 +129,14 @@ class WorkerPool:
                 stopped,
             )
 
+    def wait_ended(self, timeout_s: float | None = None) -> bool:
+        """Wait for every worker and heartbeat thread to end, the runs that
+        go on past an interruption included; whether they all did."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for t in list(self._threads.values()):
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads.values())
+
     @property
     def abandoned(self) -> bool:
         return self.executor.abandoned.is_set()
@@ -210,12 +218,16 @@ class WorkerPool:
 
     def _heartbeat(self, stop: threading.Event) -> None:
         """Beat until the workers have finished after the stop: a run that
-        goes on through the grace period must keep its claim, or another
+        goes on through the grace period, or past it (a target in a thread,
+        which an interruption cannot stop), must keep its claim, or another
         node would take it over and run it a second time beside it."""
         beat_s = self.config.heartbeat_ms / 1000
         next_beat = time.monotonic() + beat_s
-        while not self.executor.abandoned.wait(min(self.config.poll_s, beat_s)):
+        while True:
+            time.sleep(min(self.config.poll_s, beat_s))
             if stop.is_set() and not self._workers_alive():
+                return
+            if self.abandoned and not self.executor.running():
                 return
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + beat_s
