@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from pysched import registry
 from pysched.leader.recording import record_sent
 from pysched.planning import plan_after_dispatch
 from pysched.protocols import JobNotActive, JobNotFound, JobPlanState, PlannedRun, Run
@@ -69,6 +70,27 @@ def test_a_run_triggered_before_a_pause_still_runs(backend: Backend) -> None:
     backend.store.pause_job("daily", t0 + 1_500)
     sent, _ = dispatch(backend, t0 + 10_000, 1, t0 + 5_000)
     assert [(r.run_at_ms, r.attempt_group) for r in sent] == [(t0 + 1_000, 1)]
+
+
+def test_a_trigger_then_a_pause_and_a_resume_run_it_once_and_keep_the_schedule(backend: Backend) -> None:
+    # The triggered run is no part of the schedule: resuming took it for the
+    # job's next run, planned a second run at its time (run twice) and
+    # recorded the schedule's own next run missed (lost).
+    t0 = test_contract.T0
+    nxt = PlannedRun(t0 + 300_000, t0 + 300_000)
+    backend.store.add_job(cron_job("five", "0 */5 * * * *"), 3, 0, nxt, t0)
+    backend.store.trigger("five", t0 + 1_000)
+    assert backend.store.get_job("five").next_run == nxt
+    backend.store.pause_job("five", t0 + 1_500)
+    resumed = registry.resume(backend.store, "five", t0 + 2_000)
+    assert (resumed.state, resumed.next_run) == ("active", nxt)
+    sent, _ = dispatch(backend, t0 + 10_000, 1, t0 + 5_000)
+    assert [(r.run_at_ms, r.attempt_group) for r in sent] == [(t0 + 1_000, 1)]
+    # Nothing recorded missed.
+    assert [(r.run_at_ms, r.state) for r in backend.store.history("five")] == [(t0 + 1_000, "dispatched")]
+    sent, _ = dispatch(backend, t0 + 400_000, 1, t0 + 300_000)
+    # (The triggered run may be read again within the settle window.)
+    assert [(r.run_at_ms, r.attempt_group) for r in sent if not r.attempt_group] == [(t0 + 300_000, 0)]
 
 
 def test_a_triggered_run_plans_nothing() -> None:

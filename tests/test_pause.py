@@ -60,6 +60,24 @@ def test_a_job_resumed_before_its_held_run_is_due_fires_it_on_time() -> None:
     assert store.missed_runs([job.id]) == {}
 
 
+def test_a_run_triggered_and_handed_on_before_a_pause_still_runs() -> None:
+    # A pause holds the schedule's runs; a triggered one is no part of it,
+    # wherever it is when the pause comes (the worker recorded it missed).
+    job = minutely("poked", "skip")
+    clock, store, node = _one_job_world(job)
+    triggered = store.trigger(job.id, clock.now_ms())
+    for _ in range(200):  # the leader alone: handed on, not yet claimed
+        node.driver.round(clock.now_ms())
+        clock.advance(10)
+    assert _fired(node, job.id) == [triggered.run_at_ms]
+    store.pause_job(job.id, clock.now_ms())
+    node.run_for(20_000)
+    runs = store.history(job.id)
+    assert [(r.run_at_ms, r.attempt_group, r.state) for r in runs if r.state != "paused"] == [
+        (triggered.run_at_ms, 1, "succeeded")
+    ]
+
+
 def test_a_cancelled_run_in_the_wheel_never_fires() -> None:
     job = minutely("cancelled", "run_once")
     clock, store, node = _one_job_world(job)

@@ -159,3 +159,38 @@ def test_a_stopped_scheduler_keeps_the_claim_of_a_python_run_still_going_so_no_n
     finally:
         (tmp_path / "release").touch()
         stop_node(node)
+
+
+APPENDS = """
+from pathlib import Path
+
+def append(ctx):
+    with Path(ctx.payload["path"]).open("a") as out:
+        out.write(f"{ctx.idempotency_key}\\n")
+"""
+
+
+def test_trigger_pause_and_resume_run_the_triggered_run_once_and_keep_the_schedule(tmp_path: Path) -> None:
+    module = declaring_module(tmp_path, APPENDS)
+    ran = tmp_path / "ran"
+    with Scheduler(tmp_path / "app.db", workers=2, grace_s=5) as scheduler:
+        client = scheduler.client
+        yearly = client.add(
+            {
+                "id": "yearly",
+                "schedule": {"kind": "cron", "expr": "0 0 1 1 *"},
+                "target": {"kind": "python", "ref": f"{module}:append"},
+                "payload": {"path": str(ran)},
+            }
+        )
+        triggered = client.trigger("yearly")
+        client.pause("yearly")
+        resumed = client.resume("yearly")
+        assert resumed.next_run == yearly.next_run
+        wait_for(lambda: ran.exists(), 60, "the triggered run to run")
+        wait_for(lambda: state_of(client, "yearly") == "succeeded", 60, "its end to be recorded")
+        time.sleep(2)  # a second run at its time would come now
+        assert ran.read_text().splitlines() == [triggered.idempotency_key]
+        assert [(r.run_at_ms, r.state) for r in client.history("yearly")] == [(triggered.run_at_ms, "succeeded")]
+        assert client.get("yearly").next_run == yearly.next_run
+        assert set(client.missed([client.get("yearly")])["yearly"].values()) == {0}

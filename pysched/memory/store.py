@@ -976,6 +976,7 @@ def _run_record(row: RunRow) -> RunRecord | None:
         row.worker,
         row.error,
         row.result,
+        attempt_group=row.attempt_group,
     )
 
 

@@ -813,8 +813,10 @@ class SQLiteScheduleStore:
         nxt = (
             self.db.connection()
             .execute(
+                # The schedule's next run: a triggered one (attempt group 1+)
+                # is no part of it.
                 "SELECT run_at_ms, due_ms FROM runs WHERE job_id = ? AND state IN ('scheduled', 'paused')"
-                " ORDER BY run_at_ms LIMIT 1",
+                " AND attempt_group = 0 ORDER BY run_at_ms LIMIT 1",
                 (job_id,),
             )
             .fetchone()

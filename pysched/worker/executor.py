@@ -646,11 +646,14 @@ class Executor:
         if job_record is None or job_record.state == "cancelled":
             return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
         now_ms = self.clock.now_ms()
-        if job_record.state == "paused" and (first_claim or self._never_started(record)):
+        paused = job_record.state == "paused" and record.attempt_group == 0
+        if paused and (first_claim or self._never_started(record)):
             # Handed on before the pause reached its leader, or parked
             # before it (waiting for its job's previous run, or for a
-            # breaker) and never started: a paused job starts nothing new,
-            # and counts it. A retry's run had started: it goes on.
+            # breaker) and never started: a paused job starts nothing new
+            # of its schedule, and counts it. A retry's run had started: it
+            # goes on. A triggered run (a group of its own) is no part of
+            # the schedule the pause holds.
             return Ended("missed", "missed: the job was paused", None, now_ms, kind="paused")
         late = late_reason(job_record.job, record.due_ms, now_ms) if first_claim else None
         if late is not None:
