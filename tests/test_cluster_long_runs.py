@@ -4,8 +4,8 @@ test_long_run_processes.py.
 
 - A worker killed with SIGKILL mid-run: the run is delivered again, started
   on the other worker within 30 s of the death, resumes from its last
-  checkpoint as the same attempt under the same idempotency key, and its
-  effect is committed once.
+  checkpoint as its next attempt (the one on the dead worker is recorded
+  lost) under the same idempotency key, and its effect is committed once.
 - A run outlasting its lease many times on a live worker, delivered again
   meanwhile (another worker joins the consumer group and Kafka hands the
   uncommitted record out again): never started a second time.
@@ -151,10 +151,10 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint_on_the_other_w
     assert saved <= starts[1]["from"] <= saved + 1, (saved, starts)
     assert saved > 0
     assert starts[1]["key"] == starts[0]["key"]
-    # Its worker died: no attempt ended, so the resumed one is the same.
-    assert starts[0]["attempt"] == starts[1]["attempt"] == 1
+    # Its worker died: that attempt is lost, and the run resumed as the next.
+    assert (starts[0]["attempt"], starts[1]["attempt"]) == (1, 2)
     (run,) = _history(cluster, "count")
-    assert run["attempt"] == 1
+    assert run["attempt"] == 2
     (effect,) = effects.iterdir()
     assert effect.name == starts[0]["key"].replace(":", "_")
     assert json.loads(effect.read_text()) == {"resumed_from": starts[1]["from"]}

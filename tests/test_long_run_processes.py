@@ -81,8 +81,8 @@ def test_a_run_whose_node_is_killed_resumes_from_its_checkpoint_on_the_next_node
         # saved between the read of `progress` and the kill), same key.
         assert starts[1]["from"] >= killed_at > 0
         assert starts[1]["key"] == starts[0]["key"]
-        # Its worker died: no attempt ended, so the resumed one is the same.
-        assert starts[0]["attempt"] == starts[1]["attempt"] == 1
+        # Its worker died: that attempt is lost, and the run resumed as the next.
+        assert (starts[0]["attempt"], starts[1]["attempt"]) == (1, 2)
         (effect,) = effects.iterdir()
         assert effect.name == starts[0]["key"].replace(":", "_")
         assert [json.loads(line) for line in effect.read_text().splitlines()] == [{"resumed_from": starts[1]["from"]}]

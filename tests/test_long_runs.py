@@ -1,6 +1,6 @@
 """Long runs on the memory engine and a manual clock: a run taken over from a
-worker whose lease ran out resumes from its last checkpoint (same key,
-attempt unchanged); the stale execution's checkpoint is refused and its
+worker whose lease ran out resumes from its last checkpoint (same key, as
+its next attempt: the one whose lease ran out is lost); the stale execution's checkpoint is refused and its
 ``ctx.cancelled`` set; a live worker's run keeps its lease however long it
 runs; a run whose job is cancelled is stopped and recorded cancelled.
 Nothing here sleeps or reads real time."""
@@ -101,6 +101,8 @@ def test_a_run_taken_over_after_its_lease_ran_out_resumes_from_its_last_checkpoi
         w.advance(LEASE + 1)
         execution = second.new_execution(rec)
         assert second.attempt([execution]) == [ClaimOutcome.TAKEN_OVER]
+        # That attempt is recorded lost; its retry is owed at once.
+        assert w.history("long") == [("retrying", rec.attempt)]
         # Back from the pause: its lease is gone, and it learns so.
         first.heartbeat_step(w.clock.now_ms())
         assert ctx.cancelled.is_set()
@@ -117,11 +119,13 @@ def test_a_run_taken_over_after_its_lease_ran_out_resumes_from_its_last_checkpoi
     _script.extend([dies_after_two_checkpoints, resumes])
     assert first.attempt([first.new_execution(rec)]) == [ClaimOutcome.CLAIMED]
     assert len(refused) == 1, "the stale execution's checkpoint was not refused"
-    # Same logical run, same key; the redelivered record's attempt unchanged.
+    retry = rec._replace(attempt=rec.attempt + 1)
+    assert second.attempt([second.new_execution(retry)]) == [ClaimOutcome.TAKEN_OVER]
+    # Same logical run, same key, as its next attempt.
     assert [c.idempotency_key for c in _seen] == [rec.idempotency_key] * 2
-    assert [c.attempt for c in _seen] == [rec.attempt] * 2
+    assert [c.attempt for c in _seen] == [rec.attempt, rec.attempt + 1]
     # The resumed execution's outcome stands; the stale one recorded nothing.
-    assert w.history("long") == [("succeeded", rec.attempt)]
+    assert w.history("long") == [("succeeded", rec.attempt + 1)]
     assert (first.counts["lease_lost"], second.counts["succeeded"], first.counts["succeeded"]) == (1, 1, 0)
     # Its last checkpoint is the resumed execution's, not the stale one's.
     assert w.nodes[0].claims.tables.claim_rows()[rec.idempotency_key].checkpoint == '{"done":5}'

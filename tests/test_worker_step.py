@@ -380,8 +380,14 @@ def test_a_crash_between_recording_the_outcome_and_completing_the_claim_is_recov
     w.advance_to(T0 + CONFIG.lease_ms + 1)
     survivor = Executor(w.leader.claims, w.leader.store, w.clock, "node-2", CONFIG)
     survivor.attempt([survivor.new_execution(record._replace(attempt=record.attempt + 1))])
+    if not ended_at_crash:
+        # Nothing said it had ended: that attempt is lost, and the run is
+        # tried again as its next attempt, a delivery of its own.
+        assert (w.states("once"), len(_runs)) == (["retrying"], 1)
+        survivor.attempt([survivor.new_execution(record._replace(attempt=record.attempt + 2))])
     # Run again only as a known new attempt, when nothing said it had ended.
     assert len(_runs) == (1 if ended_at_crash else 2)
+    assert _attempts == ([1] if ended_at_crash else [1, 2])
     assert w.states("once") == ["succeeded"]
     rerun = survivor.claims.claim(record, "node-3", w.clock.now_ms(), CONFIG.lease_ms)
     assert rerun.outcome is ClaimOutcome.SUCCEEDED

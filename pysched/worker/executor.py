@@ -61,11 +61,12 @@ from pysched.protocols import (
     JobNotFound,
     MissedRuns,
     RunNotFound,
+    RunRecord,
     ScheduleStore,
     next_attempt,
 )
 from pysched.records import DispatchRecord
-from pysched.retries import retry_delay_ms
+from pysched.retries import LOST, lost_not_retried, retry_delay_ms
 from pysched.shell import stop_commands
 from pysched.targets import RunContext, context_for, run_target, runs_in_thread
 from pysched.worker.calls import Capacity, InlineCalls, TargetCalls
@@ -153,6 +154,9 @@ class Execution:
     replaced: bool = False  # stopped because a newer run of its job replaced it
     recorded: bool = False  # its end is recorded: never again
     recording: bool = False  # a thread is recording its end now
+    # Its run as it found it when it took it over from an execution that
+    # started it and never ended (retries.LOST): recorded as that attempt.
+    lost: RunRecord | None = None
     # It holds a place of its node's capacity (calls.Capacity): from its
     # delivery's taking until its target returns, or it ends without a call.
     reserved: bool = False
@@ -633,6 +637,8 @@ class Executor:
         a retry, or a run taken over from a dead worker, is owed whenever it
         comes."""
         record = execution.record
+        # Taken over, and not from this execution's own earlier try.
+        lost = None if first_claim or execution.start_asked else self._lost_attempt(record)
         try:
             job_record = self.store.get_job(record.job_id)
         except JobNotFound:
@@ -644,8 +650,16 @@ class Executor:
             error = f"the job's stored definition no longer validates: {exc.errors()[0].get('msg', exc)}"
             return Ended("failed", error, None, self.clock.now_ms(), kind="invalid")
         if job_record is None or job_record.state == "cancelled":
-            return Ended("cancelled", "job cancelled before the run", None, self.clock.now_ms())
+            why = "job cancelled before the run"
+            if lost is not None:
+                why = f"job cancelled after attempt {lost.attempt} ended with its worker's process on {lost.worker}"
+            return Ended("cancelled", why, None, self.clock.now_ms())
         now_ms = self.clock.now_ms()
+        if lost is not None:
+            # That attempt failed: its retry, if any, is a new delivery.
+            execution.job, execution.lost = job_record.job, lost
+            error = f"lost: attempt {lost.attempt} ended with its worker's process on {lost.worker} while it ran"
+            return Ended("failed", error, None, now_ms, kind=LOST)
         paused = job_record.state == "paused" and record.attempt_group == 0
         if paused and (first_claim or self._never_started(record)):
             # Handed on before the pause reached its leader, or parked
@@ -668,6 +682,27 @@ class Executor:
             return blocked
         execution.job = job_record.job
         return self._admit(execution) if admit else None
+
+    def _lost_attempt(self, record: DispatchRecord) -> RunRecord | None:
+        """The run, if an execution started it and never recorded its end:
+        taken over now, that attempt ended with its worker's process (or,
+        on a node still alive, was stopped when its lease was lost)."""
+        try:
+            run = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group)
+        except RunNotFound:
+            return None
+        if run.state != "running":
+            return None
+        self.count("lost")
+        log.warning(
+            "taking over %s run_at=%d: attempt %d was running on %s and never ended"
+            " (that node died, or the job ended its process)",
+            record.job_id,
+            record.run_at_ms,
+            run.attempt,
+            run.worker,
+        )
+        return run
 
     def _admit(self, execution: Execution) -> Ended | None:
         """None if its downstream's breaker lets the run call it now; else
@@ -825,13 +860,19 @@ class Executor:
         except RunNotFound:
             failures, started = (), 0
         # Not started (its spec or target refused first): the attempt its
-        # start would have been.
+        # start would have been. Lost: the attempt that was.
         attempt = execution.attempt or next_attempt(started, max((f.attempt for f in failures), default=0))
+        worker: str | None = self.holder
+        started_at_ms = execution.started_at_ms
+        if execution.lost is not None:
+            attempt, worker, started_at_ms = execution.lost.attempt, execution.lost.worker, execution.lost.started_at_ms
         delay = None
         if execution.job is not None:
             delay = retry_delay_ms(execution.job.retry, end.kind, end.exception_names, failures, attempt, self._rng)
         error = end.error
-        if delay is not None and execution.job is not None:
+        if delay is None and end.kind == LOST and execution.job is not None:
+            error = f"{error}; {lost_not_retried(execution.job.retry, failures, attempt)}"
+        if delay is not None and execution.job is not None and end.kind != LOST:
             # The budget is asked once: a repeated recording asks nothing.
             downstream = downstream_of(execution.job.target)
             if execution.retry_granted is None:
@@ -849,8 +890,8 @@ class Executor:
         execution.recorded_error = error
         failure = FailedAttempt(
             attempt,
-            self.holder,
-            execution.started_at_ms,
+            worker,
+            started_at_ms,
             end.at_ms,
             error,
             end.kind,
@@ -954,7 +995,7 @@ class Executor:
                 log.warning(
                     "ran %s: attempt %s failed, retrying at %s: %s",
                     job_id,
-                    execution.attempt,
+                    execution.lost.attempt if execution.lost else execution.attempt,
                     datetime.fromtimestamp(retry_ms / 1000, UTC).isoformat(timespec="milliseconds"),
                     end.error,
                 )
