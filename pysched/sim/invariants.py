@@ -16,6 +16,7 @@ from pysched.memory.dispatcher import Broker
 from pysched.memory.store import RunRow
 from pysched.model import Job
 from pysched.protocols import MissedRuns
+from pysched.retries import LOST
 from pysched.sim.faults import MAX_SKEW_MS
 from pysched.sim.ledger import Ledger
 from pysched.sim.workload import OwedRun
@@ -90,10 +91,12 @@ def check_runs(
     quiet_from_ms: int,
     missed: Mapping[str, Sequence[MissedRuns]] | None = None,
     dead: Collection[str] = (),
+    lost: Collection[str] = (),
 ) -> tuple[list[Violation], int]:
     """``owed``: runs that must have executed by the end, failed for good
-    (``dead``: the keys of the dead letters), or been recorded missed with a
-    reason (``missed``: the store's spans by job);
+    (``dead``: the keys of the dead letters; ``lost``: those of them whose
+    last attempt was lost with its node, whose call may have been made, once),
+    or been recorded missed with a reason (``missed``: the store's spans by job);
     ``owed_later``: runs due too near the end to be judged, which may or may
     not have. Each run owed once; both are read once (a day's runs are
     millions: no set of them is kept). Returns the violations and how many
@@ -112,7 +115,7 @@ def check_runs(
             out.append(
                 Violation("doubled", f"{run.key} was recorded missed {len(reasons)} times {reasons}", run.due_ms)
             )
-        if run.key in dead and (started is not None or reasons):
+        if run.key in dead and (reasons or (started is not None and run.key not in lost)):
             outcome = "ran" if started is not None else f"was recorded missed ({reasons[0]})"
             out.append(Violation("doubled", f"{run.key} failed for good and also {outcome}", run.due_ms))
         if reasons:
@@ -122,6 +125,8 @@ def check_runs(
                 missed_count += 1
             continue
         if run.key in dead:
+            if ledger.count(run.key) > 1:
+                out.append(Violation("doubled", f"{run.key} ran {ledger.count(run.key)} times", run.due_ms))
             continue
         if started is None:
             out.append(Violation("lost", f"{run.key} (due {run.due_ms}) never ran", run.due_ms))
@@ -170,19 +175,25 @@ def check_ends(
 ) -> list[Violation]:
     """What the store holds of each run owed, against what the downstream
     saw: as many failed attempts recorded as calls that failed (a parked
-    run made no call, and counts no failure), a run that ran recorded
-    succeeded, and a dead letter's last failed attempt recorded as its last."""
+    run made no call, and counts no failure; an attempt lost with its
+    node's crash is recorded failed, though its call may have returned), a
+    run that ran recorded succeeded, or a dead letter for having been lost
+    with its node twice (retries.LOST_LIMIT: the crashes of a world are
+    indistinguishable from a job that crashes its node), and a dead
+    letter's last failed attempt recorded as its last."""
     out: list[Violation] = []
     for run in owed:
         row = runs.get(run.job_id, {}).get((run.run_at_ms, 0))
-        recorded = 0 if row is None else len(row.failures)
+        failures = [] if row is None else [f for _, f in row.failures]
+        recorded = sum(1 for f in failures if f.kind != LOST)
         failed = ledger.failed.get(run.key, 0)
         if recorded != failed:
             detail = f"{run.key}: {failed} calls failed, {recorded} failed attempts recorded"
             out.append(Violation("failures", detail, run.due_ms))
         if row is None:
             continue
-        if run.key in ledger.first_start and row.state != "succeeded":
+        lost_for_good = row.state == "failed" and bool(failures) and failures[-1].kind == LOST
+        if run.key in ledger.first_start and row.state != "succeeded" and not lost_for_good:
             out.append(Violation("unsettled", f"{run.key} ran but is recorded {row.state}", run.due_ms))
         if row.state == "failed" and not (row.failures and row.failures[-1][1].dead_lettered):
             out.append(Violation("unsettled", f"{run.key} failed for good without its last failure", run.due_ms))

@@ -14,6 +14,7 @@ from pysched.model import Job
 from pysched.protocols import MissedRuns
 from pysched.records import idempotency_key
 from pysched.registry import register_many
+from pysched.retries import LOST
 from pysched.sim.faults import KINDS, MAX_SKEW_MS, Outage, plan_faults
 from pysched.sim.invariants import (
     FenceWatch,
@@ -174,7 +175,14 @@ def _judge(
     for span in tables.missed.values():
         missed.setdefault(span.job_id, []).append(span)
     dead = {idempotency_key(job_id, run_at, group) for job_id, run_at, group in tables.dead_letters}
-    violations, report.missed = check_runs(owed, later, ledger, quiet_from, missed, dead)
+    lost = {
+        idempotency_key(job_id, run_at, group)
+        for job_id, run_at, group in tables.dead_letters
+        if (row := tables.runs.get(job_id, {}).get((run_at, group))) is not None
+        and row.failures
+        and row.failures[-1][1].kind == LOST
+    }
+    violations, report.missed = check_runs(owed, later, ledger, quiet_from, missed, dead, lost)
     report.owed = owed.count if owed.count is not None else sum(1 for _ in owed)
     report.dead_letters = len(dead)
     by_id = {job.id: job for job in jobs}
