@@ -1,7 +1,7 @@
 """Circuit breakers and the retry budget, per downstream: the pure rules.
 
-A downstream (downstream.downstream_of: an HTTP host, a Python module, a
-shell command's program) that keeps failing is left alone for a while
+A downstream (downstream.downstream_of: an HTTP host, a job's own
+``downstream``, or the job itself) that keeps failing is left alone for a while
 instead of being called by every run due, and retries of its failures are
 held to a share of its traffic, so that a failing downstream's retries
 cannot multiply its load. The store keeps the state (one breaker row per
@@ -39,14 +39,15 @@ BUCKET_MS = 1_000
 class BreakerPolicy:
     """The defaults of resilience4j and Hystrix-style breakers, scaled to a
     scheduler: open after 5 failures in a row, for 30 s, then let one probe
-    through. Retries at most 10% of first attempts over a sliding minute
-    (Finagle's and gRPC's retry budget), but at least 3 a minute, so that a
-    quiet downstream's rare failure is still retried."""
+    through. Retries over a sliding minute: 20% of first attempts plus 600
+    (Finagle's default budget: 20% of requests plus 10 retries a second),
+    so that at low traffic every retry a job states goes through, and only
+    a storm of retries against a busy downstream is held back."""
 
     failure_threshold: int = 5
     open_ms: int = 30_000
-    budget_ratio: float = 0.1
-    budget_floor: int = 3
+    budget_ratio: float = 0.2
+    budget_floor: int = 600
     budget_window_ms: int = 60_000
 
 
@@ -128,20 +129,22 @@ def window_start(now_ms: int, policy: BreakerPolicy) -> int:
     return bucket_of(now_ms) - policy.budget_window_ms + BUCKET_MS
 
 
+def retries_allowed(first_attempts: int, policy: BreakerPolicy) -> int:
+    """The retries the budget allows over its window, given the first
+    attempts (calls that were not retries) made in it:
+    ``budget_floor + floor(budget_ratio * first_attempts)``."""
+    return policy.budget_floor + math.floor(policy.budget_ratio * first_attempts)
+
+
 def retry_allowed(counts: Iterable[AttemptCount], policy: BreakerPolicy) -> bool:
     """The retry budget. Over the window, with ``calls`` the calls made to
     the downstream (every attempt that reached it) and ``retries`` the
-    retries granted for it, a retry more is granted while
-
-        retries < max(budget_floor, floor(budget_ratio * (calls - retries)))
-
-    that is, retries stay within 10% of the first attempts (calls that
-    were not retries), or within the floor of 3 a minute. Counted across
-    nodes through the store; two nodes deciding at the same moment may
-    each grant the last one."""
+    retries granted for it, a retry more is granted while ``retries`` is
+    below ``retries_allowed(calls - retries)``. Counted across nodes
+    through the store; two nodes deciding at the same moment may each grant
+    the last one. A retry refused is not dropped: it waits a window."""
     calls = retries = 0
     for count in counts:
         calls += count.calls
         retries += count.retries
-    first_attempts = max(0, calls - retries)
-    return retries < max(policy.budget_floor, math.floor(policy.budget_ratio * first_attempts))
+    return retries < retries_allowed(max(0, calls - retries), policy)

@@ -17,8 +17,8 @@
     temporal_address = "127.0.0.1:7233"  # the Temporal server of --temporal targets
     breaker_failures = 5            # a downstream's failures in a row that open its breaker
     breaker_open_s = 30             # how long it stays open before one probe
-    retry_budget_ratio = 0.1        # retries a minute: this ratio of first attempts,
-    retry_budget_floor = 3          # but at least this many (--retry-budget RATIO:FLOOR wins)
+    retry_budget_ratio = 0.2        # retries a minute: this ratio of first attempts,
+    retry_budget_floor = 600        # plus this many (--retry-budget RATIO:FLOOR wins)
 
 Each key may also come from PYSCHED_<KEY> (PYSCHED_ETCD, ...), which wins.
 PYSCHED_TEMPORAL_ADDRESS is also what the embedded engine's workers read,
@@ -116,14 +116,14 @@ class ClusterConfig(BaseModel):
         default=30.0, gt=0, le=86_400, allow_inf_nan=False, description="seconds a breaker stays open before a probe"
     )
     retry_budget_ratio: float = Field(
-        default=0.1,
+        default=0.2,
         ge=0,
         le=1,
         allow_inf_nan=False,
         description="retries of a downstream allowed over a sliding minute, as a ratio of its first attempts",
     )
     retry_budget_floor: int = Field(
-        default=3, ge=0, le=MAX_BUDGET_FLOOR, description="retries a minute a downstream's budget always allows"
+        default=600, ge=0, le=MAX_BUDGET_FLOOR, description="retries a minute a downstream's budget always allows"
     )
     api_token: str | None = Field(
         default=None,

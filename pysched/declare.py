@@ -53,6 +53,7 @@ def job(
     overlap: Overlap | None = None,
     payload: Mapping[str, Any] | None = None,
     slo: SloPolicy | Mapping[str, Any] | None = None,
+    downstream: str | None = None,
 ) -> Callable[[F], F]:
     """Declare the decorated module-level function a job: on ``cron`` (in
     zone ``tz``) or once ``at`` a time (naive: in ``tz``). Its id is
@@ -61,7 +62,9 @@ def job(
     seconds), ``critical``, ``retries``, ``backoff`` (base and cap in
     seconds), ``retry_on``, ``timeout`` (seconds), ``catch_up``,
     ``max_delay`` (seconds), ``overlap``, ``payload`` and ``slo`` (a
-    `SloPolicy` or its fields: ``fire_lag_s``, ``objective``, ``window_days``)."""
+    `SloPolicy` or its fields: ``fire_lag_s``, ``objective``, ``window_days``)
+    and ``downstream`` (what it calls, for its circuit breaker and retry
+    budget; default: the job itself)."""
 
     def declare(func: F) -> F:
         ref = f"{getattr(func, '__module__', '?')}:{getattr(func, '__name__', '?')}"
@@ -85,6 +88,7 @@ def job(
             ("overlap", overlap),
             ("payload", payload),
             ("slo", slo.model_dump() if isinstance(slo, SloPolicy) else slo),
+            ("downstream", downstream),
         ):
             if value is not None:
                 spec[key] = value

@@ -194,6 +194,11 @@ class Job(_Strict):
     # for a per-job slot it did not ask for), forbid, replace or buffer_one.
     overlap: Overlap = "allow"
     slo: SloPolicy = Field(default_factory=SloPolicy)
+    # What its runs call, whose failures they share with other jobs': the
+    # circuit breaker and the retry budget are kept per downstream (see
+    # pysched/downstream.py). None: an HTTP target's host, a Temporal
+    # target's task queue, and for a Python or shell target the job itself.
+    downstream: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[!-~]+$")
 
     @property
     def max_delay_ms(self) -> int:

@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from pysched.downstream import downstream_of
 from pysched.protocols import OWED_AGAIN, FailedAttempt, JobRecord, RunRecord
 from pysched.slo import SloReport
 
@@ -33,6 +34,7 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
         "catch_up": rec.job.catch_up,
         "max_delay_s": rec.job.max_delay_ms / 1000,
         "overlap": rec.job.overlap,
+        "downstream": downstream_of(rec.job),
         "slo": rec.job.slo.model_dump(),
         "jitter_ms": rec.jitter_ms,
         "partition": rec.partition,

@@ -18,7 +18,7 @@ from pysched.protocols import AttemptCount, BreakerRow
 from pysched.worker.downstreams import DownstreamGuard
 
 T0 = 1_700_000_000_000
-POLICY = BreakerPolicy(failure_threshold=3, open_ms=10_000)
+POLICY = BreakerPolicy(failure_threshold=3, open_ms=10_000, budget_ratio=0.1, budget_floor=3)
 
 
 def _fail(row: BreakerRow, kind: str, at: int) -> BreakerRow:
@@ -28,7 +28,8 @@ def _fail(row: BreakerRow, kind: str, at: int) -> BreakerRow:
 
 def test_the_defaults() -> None:
     policy = BreakerPolicy()
-    assert (policy.failure_threshold, policy.open_ms, policy.budget_ratio, policy.budget_floor) == (5, 30_000, 0.1, 3)
+    # Finagle's default budget: 20% of requests plus 10 retries a second.
+    assert (policy.failure_threshold, policy.open_ms, policy.budget_ratio, policy.budget_floor) == (5, 30_000, 0.2, 600)
     assert policy.budget_window_ms == 60_000
 
 
@@ -81,12 +82,15 @@ def _counts(calls: int, retries: int) -> list[AttemptCount]:
     return [AttemptCount("http:a", "n1", T0, calls, retries)]
 
 
-def test_the_budget_is_a_tenth_of_first_attempts_with_a_floor_of_three() -> None:
-    policy = BreakerPolicy()
+def test_the_budget_is_a_share_of_first_attempts_plus_a_floor() -> None:
+    policy = BreakerPolicy(budget_ratio=0.1, budget_floor=3)
     assert retry_allowed(_counts(0, 2), policy)
     assert not retry_allowed(_counts(3, 3), policy)  # the floor
-    assert retry_allowed(_counts(100 + 9, 9), policy)  # 9 < 10% of 100 first attempts
-    assert not retry_allowed(_counts(100 + 10, 10), policy)
+    assert retry_allowed(_counts(100 + 12, 12), policy)  # 12 < 3 + 10% of 100 first attempts
+    assert not retry_allowed(_counts(100 + 13, 13), policy)
+    # The default lets a quiet downstream's stated retries through.
+    assert retry_allowed(_counts(6 + 599, 599), BreakerPolicy())
+    assert not retry_allowed(_counts(1000 + 800, 800), BreakerPolicy())  # 600 + 20% of 1000
     assert window_start(T0 + 59_999, policy) == T0
     assert window_start(T0 + 60_000, policy) == T0 + 1_000
 
@@ -128,9 +132,9 @@ def test_the_budget_holds_across_nodes() -> None:
         one.called("http:a")
     for _ in range(20):
         two.called("http:a")
-    # 60 calls: retries r while r < 10% of (60 - r), 5, whichever node asks
-    # (a retry granted and not yet made is no first attempt).
+    # 60 calls: retries r while r < 3 + 10% of (60 - r), 8, whichever node
+    # asks (a retry granted and not yet made is no first attempt).
     granted = [g.grant_retry("http:a") for g in (one, two) * 5]
-    assert granted.count(True) == 5
+    assert granted.count(True) == 8
     world.clock.advance(60_000)
     assert [one.grant_retry("http:a") for _ in range(4)] == [True, True, True, False]  # the floor

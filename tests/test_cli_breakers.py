@@ -29,20 +29,23 @@ def test_a_bad_retry_budget_is_refused_naming_the_option(db_path: Path, value: s
     assert up.stderr.startswith("error: --retry-budget: RATIO:FLOOR") and "Traceback" not in up.stderr
 
 
-def test_a_retry_budget_of_none_sends_a_failing_run_straight_to_the_dead_letters(tmp_path: Path, db_path: Path) -> None:
-    # --retries 3 would retry it; a budget of 0:0 allows no retry at all.
+def test_a_spent_retry_budget_holds_a_retry_back_a_minute_and_never_drops_it(tmp_path: Path, db_path: Path) -> None:
+    # --retries 3 would retry it within a second; a budget of 0:0 allows no
+    # retry now, and the run waits rather than becoming a dead letter.
     node = start_node(db_path, tmp_path, tmp_path / "node.log", "--retry-budget", "0:0", "--workers", "1")
     try:
         cli("add", "flaky", "--in", "1", "--shell", "false", "--retries", "3", "--backoff", "1:1", db=db_path)
         wait_for(
-            lambda: [r["state"] for r in cli_json("history", "flaky", db=db_path)] == ["failed"],
+            lambda: [r["state"] for r in cli_json("history", "flaky", db=db_path)] == ["retrying"],
             60,
-            "the run to fail for good",
+            "the run to wait for its retry",
             tmp_path / "node.log",
         )
         (run,) = cli_json("history", "flaky", db=db_path)
-        assert "retry budget exhausted for shell:false" in run["error"]
-        (letter,) = cli_json("dlq", "ls", db=db_path)
-        assert len(letter["failures"]) == 1
+        assert "(the retry budget of job:flaky is spent: retried in 60 s)" in run["error"]
+        assert cli_json("dlq", "ls", db=db_path) == []
+        shown = cli_json("show", "flaky", db=db_path)
+        assert shown["downstream"] == "job:flaky"
+        assert shown["retry_budget"]["retries_last_minute"] == 0
     finally:
         stop_node(node)

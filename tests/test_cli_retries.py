@@ -114,7 +114,7 @@ def test_a_failing_job_is_retried_then_dead_lettered_then_redriven(tmp_path: Pat
             (1, "exception", "exit status 4: call 1", False),
             (2, "exception", "exit status 4: call 2", True),
         ]
-        assert cli_json("dlq", "ls", "--target", "shell:n=$(cat", db=db_path) == [dead]
+        assert cli_json("dlq", "ls", "--target", "job:flaky", db=db_path) == [dead]
         assert cli_json("dlq", "ls", "--target", "http:elsewhere", db=db_path) == []
         assert cli_json("dlq", "show", dead["key"], db=db_path)["state"] == "failed"
         assert "redriven " + dead["key"] in cli("dlq", "redrive", dead["key"], db=db_path).stdout
@@ -144,9 +144,9 @@ def test_a_failed_runs_output_is_kept_with_it(tmp_path: Path, db_path: Path) -> 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("dlq", "ls", "--target", "bogus"), "--target: a downstream"),
-        (("dlq", "ls", "--target", "python:"), "--target: a downstream"),
-        (("dlq", "redrive", "--all", "--target", "shell"), "--target: a downstream"),
+        (("dlq", "ls", "--target", "two words"), "--target: a downstream"),
+        (("dlq", "ls", "--target", ""), "--target: a downstream"),
+        (("dlq", "redrive", "--all", "--target", "x" * 201), "--target: a downstream"),
     ],
 )
 def test_a_bad_downstream_is_refused(db_path: Path, args: tuple[str, ...], message: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from pysched.breakers import BreakerPolicy, breaker_state, window_start
+from pysched.breakers import BreakerPolicy, breaker_state, retries_allowed, window_start
 from pysched.cli.common import (
     CLOCK,
     DEFAULT_DB,
@@ -22,11 +22,21 @@ from pysched.protocols import BreakerRow, ScheduleStore
 from pysched.views import iso
 
 
-def _breaker_json(store: ScheduleStore, row: BreakerRow, now_ms: int, policy: BreakerPolicy) -> dict[str, Any]:
-    counts = store.attempt_counts(row.downstream, window_start(now_ms, policy))
+def budget_json(store: ScheduleStore, downstream: str, now_ms: int, policy: BreakerPolicy) -> dict[str, int]:
+    """A downstream's retry budget over the last minute, as
+    breakers.retry_allowed counts it (with ``policy``: the defaults, unless
+    the nodes were given another)."""
+    counts = store.attempt_counts(downstream, window_start(now_ms, policy))
     calls = sum(c.calls for c in counts)
     retries = sum(c.retries for c in counts)
-    first_attempts = max(0, calls - retries)
+    return {
+        "calls_last_minute": calls,
+        "retries_last_minute": retries,
+        "retry_budget_last_minute": retries_allowed(max(0, calls - retries), policy),
+    }
+
+
+def _breaker_json(store: ScheduleStore, row: BreakerRow, now_ms: int, policy: BreakerPolicy) -> dict[str, Any]:
     return {
         "downstream": row.downstream,
         "state": breaker_state(row, now_ms),
@@ -34,10 +44,7 @@ def _breaker_json(store: ScheduleStore, row: BreakerRow, now_ms: int, policy: Br
         "opened_at": iso(row.opened_at_ms) if row.state == "open" else None,
         "reopens_at": iso(row.reopens_at_ms) if row.state == "open" else None,
         "probe_until": iso(row.probe_until_ms) if row.state == "open" else None,
-        # The retry budget over the last minute, as breakers.retry_allowed counts it.
-        "calls_last_minute": calls,
-        "retries_last_minute": retries,
-        "retry_budget_last_minute": max(policy.budget_floor, int(policy.budget_ratio * first_attempts)),
+        **budget_json(store, row.downstream, now_ms, policy),
     }
 
 

@@ -80,6 +80,7 @@ FLAG_FOR_FIELD = {
     "slo.fire_lag_s": "--slo-fire-lag",
     "slo.objective": "--slo-objective",
     "slo.window_days": "--slo-window",
+    "downstream": "--downstream",
 }
 
 

@@ -28,7 +28,7 @@ app = typer.Typer(no_args_is_help=True, help="Dead letters: runs that failed for
 
 RUN_HELP = "The run's key, JOB:RUN_AT_MS:GROUP, as `pysched dlq ls` shows it."
 _LIMIT = 100_000
-_TARGET = re.compile(r"^(http|python|shell):\S.*$")
+_TARGET = re.compile(r"^[!-~]{1,200}$")
 
 
 def _run_key(value: str) -> RunKey:
@@ -40,13 +40,13 @@ def _run_key(value: str) -> RunKey:
 
 def _target(value: str | None) -> str | None:
     if value is not None and not _TARGET.match(value):
-        fail(f"--target: a downstream, http:HOST[:PORT], python:MODULE or shell:PROGRAM; got {value!r}")
+        fail(f"--target: a downstream: a job's --downstream, http:HOST[:PORT] or job:ID; got {value!r}")
     return value
 
 
 def _downstream(client: Client, job_id: str) -> str | None:
     try:
-        return downstream_of(client.get(job_id).job.target)
+        return downstream_of(client.get(job_id).job)
     except JobNotFound:
         return None
 
@@ -57,7 +57,7 @@ def ls(
         str | None,
         typer.Option(
             "--target",
-            help="Only runs whose job calls this downstream: http:HOST[:PORT], python:MODULE or shell:PROGRAM.",
+            help="Only runs whose job calls this downstream: a job's --downstream, http:HOST[:PORT] or job:ID.",
         ),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=_LIMIT, help="Newest dead letters to show.")] = 1000,

@@ -16,6 +16,8 @@ from rich.table import Table
 
 from pysched import cron
 from pysched.admission import MAX_AHEAD_MS, MAX_AHEAD_YEARS, PAYLOAD_LIMIT_BYTES
+from pysched.breakers import BreakerPolicy
+from pysched.cli.breakers import budget_json
 from pysched.cli.common import (
     CLOCK,
     DEFAULT_DB,
@@ -33,6 +35,7 @@ from pysched.cli.common import (
     warn_without_scheduler,
 )
 from pysched.client import Client
+from pysched.downstream import downstream_of
 from pysched.model import (
     CATCH_UP_POLICIES,
     DEFAULT_MAX_DELAY_S,
@@ -368,6 +371,14 @@ def add(
     slo_window: Annotated[
         int | None, typer.Option("--slo-window", help="Days the objective is measured over (default 30).")
     ] = None,
+    downstream: Annotated[
+        str | None,
+        typer.Option(
+            "--downstream",
+            help="What its runs call (a database, a queue, a service), for the circuit breaker and retry budget"
+            " it shares with other jobs naming it (default: an --http URL's host, else the job itself).",
+        ),
+    ] = None,
     db: DbOption = DEFAULT_DB,
     config: ConfigOption = None,
     as_json: JsonOption = False,
@@ -401,6 +412,8 @@ def add(
         spec["overlap"] = overlap
     if payload is not None:
         spec["payload"] = _payload(payload)
+    if downstream is not None:
+        spec["downstream"] = downstream
     slo = {
         key: value
         for key, value in (("fire_lag_s", slo_fire_lag), ("objective", slo_objective), ("window_days", slo_window))
@@ -469,11 +482,19 @@ def show(
     data = job_json(rec)
     data["last_run"] = last_run_json(client.last_runs([job_id]).get(job_id))
     data["missed"] = client.missed([rec])[job_id]
+    policy = BreakerPolicy()
+    data["retry_budget"] = budget_json(client.store, downstream_of(rec.job), _now_ms(), policy)
     if as_json:
         echo_json(data)
         return
+    budget = data.pop("retry_budget")
     for key, value in data.items():
         typer.echo(f"{key:>14}: {json.dumps(value) if isinstance(value, dict) else value}")
+    typer.echo(
+        f"{'retry budget':>14}: {budget['retries_last_minute']} of {budget['retry_budget_last_minute']} retries"
+        f" of {data['downstream']} used in the last minute ({policy.budget_ratio:.0%} of first attempts plus"
+        f" {policy.budget_floor} a minute, unless the nodes set --retry-budget; a retry beyond it waits a minute)"
+    )
     typer.echo(f"{'retry policy':>14}: {describe_retry(rec.job.retry)}")
     typer.echo(f"{'catch-up':>14}: {describe_catch_up(rec.job)}")
     typer.echo(f"{'overlap':>14}: {describe_overlap(rec.job)}")

@@ -145,8 +145,9 @@ RetryBudgetOption = Annotated[
     typer.Option(
         "--retry-budget",
         metavar="RATIO:FLOOR",
-        help="Retries of a downstream's failures allowed over a sliding minute: RATIO of its first attempts, but at"
-        " least FLOOR (default 0.1:3; with --config, retry_budget_ratio and retry_budget_floor in the file).",
+        help="Retries of a downstream's failures allowed over a sliding minute: RATIO of its first attempts plus"
+        " FLOOR (default 0.2:600; with --config, retry_budget_ratio and retry_budget_floor in the file). A retry"
+        " beyond it waits a minute.",
     ),
 ]
 
@@ -184,7 +185,7 @@ def _retry_budget(text: str) -> tuple[float, int]:
     if not sep or not (math.isfinite(ratio) and 0 <= ratio <= 1) or not 0 <= floor <= MAX_BUDGET_FLOOR:
         fail(
             "--retry-budget: RATIO:FLOOR, a ratio of first attempts from 0 to 1 and the retries a minute always"
-            f" allowed, a whole number from 0 to {MAX_BUDGET_FLOOR:,} (e.g. 0.1:3); got {text!r}"
+            f" allowed, a whole number from 0 to {MAX_BUDGET_FLOOR:,} (e.g. 0.2:600); got {text!r}"
         )
     return ratio, floor
 

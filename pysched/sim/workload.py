@@ -12,6 +12,9 @@ from pysched.planning import jitter_for
 from pysched.records import idempotency_key
 from pysched.sim.ledger import TARGET
 
+# What every job's runs call: the ledger's simulated downstream.
+DOWNSTREAM = "sim:downstream"
+
 # Kinds of job and how often each is drawn: the finest period is a minute,
 # so that a node's failover (a lease TTL and a poll) never makes the run_once
 # catch-up skip a run, and every nominal time is owed.
@@ -64,6 +67,9 @@ def make_jobs(
             "id": f"{kind}-{i:06d}",
             "target": {"kind": "python", "ref": TARGET},
             "payload": {"world": world_id},
+            # Every job calls the world's one downstream, and says so: its
+            # outage is one breaker's, as jobs calling one database share.
+            "downstream": DOWNSTREAM,
         }
         if kind == "once":
             spec["schedule"] = {"kind": "once", "run_at_ms": start_ms + rng.randrange(1_000, span_ms)}

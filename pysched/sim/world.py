@@ -38,8 +38,8 @@ WORKER_CONFIG = WorkerConfig(breaker=BreakerPolicy(failure_threshold=1_000, budg
 
 # A world whose downstream goes down gets the production breaker and budget
 # instead (breakers.BreakerPolicy: open after 5 failures in a row for 30 s,
-# then one probe; retries within 10% of first attempts, at least 3 a
-# minute): that world exists to see them open, park and resume.
+# then one probe; retries within 20% of first attempts plus 600 a minute):
+# that world exists to see them open, park and resume.
 OUTAGE_WORKER_CONFIG = WorkerConfig(breaker=BreakerPolicy())
 
 

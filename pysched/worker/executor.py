@@ -708,7 +708,7 @@ class Executor:
         """None if its downstream's breaker lets the run call it now; else
         the run is parked until the breaker may let it through."""
         assert execution.job is not None
-        downstream = downstream_of(execution.job.target)
+        downstream = downstream_of(execution.job)
         admission = self.downstreams.admit(downstream)
         if admission.park_until_ms is None:
             return None
@@ -721,7 +721,7 @@ class Executor:
         """Run the target of a run recorded started."""
         job = execution.job
         assert job is not None
-        downstream = downstream_of(job.target)
+        downstream = downstream_of(job)
         self.downstreams.called(downstream)
         outcome = run_target(
             job,
@@ -874,12 +874,16 @@ class Executor:
             error = f"{error}; {lost_not_retried(execution.job.retry, failures, attempt)}"
         if delay is not None and execution.job is not None and end.kind != LOST:
             # The budget is asked once: a repeated recording asks nothing.
-            downstream = downstream_of(execution.job.target)
+            downstream = downstream_of(execution.job)
             if execution.retry_granted is None:
                 execution.retry_granted = self.downstreams.grant_retry(downstream)
             if not execution.retry_granted:
-                delay = None
-                error = f"{error or 'failed'} (retry budget exhausted for {downstream})"
+                # Held back a window, not dropped: the run's own retries
+                # are what it was promised.
+                delay = max(delay, self.downstreams.policy.budget_window_ms)
+                error = (
+                    f"{error or 'failed'} (the retry budget of {downstream} is spent: retried in {delay / 1000:.0f} s)"
+                )
         retry_due_ms = None if delay is None else end.at_ms + delay
         if retry_due_ms == record.due_ms:
             # Never at the time it was delivered for: the stores key a run's
