@@ -176,12 +176,13 @@ def _run_shell(target: ShellTarget, ctx: RunContext, stopping: threading.Event |
     if ran.returncode is None:
         return Outcome(False, error=f"timed out after {target.timeout_s} s", kind="timeout")
     out = ran.stdout_tail.strip()[-_OUTPUT_LIMIT:] or None
+    err = ran.stderr_tail.strip()[-_OUTPUT_LIMIT:]
     if ran.returncode != 0:
-        err = ran.stderr_tail.strip()[-_OUTPUT_LIMIT:]
         return Outcome(
             False, result=out, error=f"exit status {ran.returncode}" + (f": {err}" if err else ""), kind="exception"
         )
-    return Outcome(True, result=out)
+    # Kept on success too: a warning on stderr is worth reading.
+    return Outcome(True, result=out, error=err or None)
 
 
 def _run_python(target: PythonTarget, ctx: RunContext, stopping: threading.Event | None) -> Outcome:

@@ -96,6 +96,13 @@ def test_shell_failure_reports_status_and_stderr() -> None:
     assert not out.succeeded and out.error == "exit status 3: broken"
 
 
+def test_a_shell_success_keeps_its_stderr_beside_its_stdout() -> None:
+    out = run_target(make({"kind": "shell", "command": "echo done; echo careful >&2"}), CTX)
+    assert (out.succeeded, out.result, out.error) == (True, "done", "careful")
+    quiet = run_target(make({"kind": "shell", "command": "echo done"}), CTX)
+    assert (quiet.result, quiet.error) == ("done", None)
+
+
 def test_shell_timeout() -> None:
     out = run_target(make({"kind": "shell", "command": "sleep 5", "timeout_s": 0.2}), CTX)
     assert not out.succeeded and out.error == "timed out after 0.2 s"
