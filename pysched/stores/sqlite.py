@@ -451,11 +451,14 @@ class SQLiteScheduleStore:
 
     def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
         with self.db.transaction() as conn:
-            conn.execute(
+            row = conn.execute(
                 "UPDATE runs SET state = 'interrupted', ended_attempt = attempt, ended_at_ms = ?, error = ?,"
-                " result = NULL WHERE run_id = ? AND state = 'running'",
+                " result = NULL WHERE run_id = ? AND state = 'running' RETURNING partition",
                 (now_ms, error, record.run_id),
-            )
+            ).fetchone()
+            if row is not None:
+                # Owed again at once: its leader reads the partition again.
+                self._bump(conn, int(row[0]))
 
     def run_finished(
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
