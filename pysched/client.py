@@ -22,7 +22,7 @@ from pysched import cron
 from pysched.admission import JobRejected, admit
 from pysched.catchup import count_missed
 from pysched.clock import Clock, SystemClock
-from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched.model import CronSchedule, Job, OnceSchedule, PythonTarget
 from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
 from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
 from pysched.registry import register, register_many, reschedule
@@ -31,6 +31,7 @@ from pysched.registry import resume as resume_job
 from pysched.slo import SloReport, slo_report
 from pysched.stores.sqlite_db import Access
 from pysched.sync import SyncReport, sync_module
+from pysched.targets import import_problem
 from pysched.views import iso
 
 if TYPE_CHECKING:
@@ -216,21 +217,22 @@ class Client:
 
     # -- adding -------------------------------------------------------------
 
-    def add(self, job: Job | Mapping[str, Any]) -> JobRecord:
+    def add(self, job: Job | Mapping[str, Any], *, import_target: bool = True) -> JobRecord:
         """Register a job, given as a `Job` or its JSON form (a mapping);
         returns it as stored, with its first run. Raises InvalidJob or
-        JobExists, and then nothing is stored."""
-        checked = self.check(job)
+        JobExists, and then nothing is stored. ``import_target``: see
+        `check`."""
+        checked = self.check(job, import_target=import_target)
         try:
             return register(self.store, checked, self.clock.now_ms())
         except JobRejected as exc:
             raise invalid_from_rejection(exc) from None
 
-    def add_many(self, jobs: Iterable[Job | Mapping[str, Any]]) -> AddedMany:
+    def add_many(self, jobs: Iterable[Job | Mapping[str, Any]], *, import_target: bool = True) -> AddedMany:
         """Register jobs in bulk: every one is checked before any is stored
         (one refused: InvalidJob, nothing stored); ids that exist already are
         left as they are and reported."""
-        checked = [self.check(job) for job in jobs]
+        checked = [self.check(job, import_target=import_target) for job in jobs]
         ids = [job.id for job in checked]
         if len(set(ids)) != len(ids):
             twice = sorted({i for i in ids if ids.count(i) > 1})
@@ -244,10 +246,13 @@ class Client:
         known = set(existing)
         return AddedMany(tuple(i for i in ids if i not in known), tuple(existing))
 
-    def check(self, job: Job | Mapping[str, Any], *, allow_past: bool = False) -> Job:
+    def check(self, job: Job | Mapping[str, Any], *, allow_past: bool = False, import_target: bool = True) -> Job:
         """The job validated and admitted now, without storing it; raises
         InvalidJob naming every field at fault. ``allow_past``: a one-shot
-        whose time has passed is no fault (a declaration that already ran)."""
+        whose time has passed is no fault (a declaration that already ran).
+        ``import_target``: a Python target's module is imported here and
+        must name a function, so that a typo fails now rather than at run
+        time; False for a target only the workers can import."""
         now = self.clock.now_ms()
         try:
             model = job if isinstance(job, Job) else Job.model_validate(job)
@@ -258,6 +263,10 @@ class Client:
             raise invalid_from_rejection(exc) from None
         if not allow_past:
             _not_past(model.schedule, now, "schedule.run_at_ms")
+        if import_target and isinstance(model.target, PythonTarget):
+            problem = import_problem(model.target.ref)
+            if problem is not None:
+                raise InvalidJob((Problem("target.ref", f"cannot be imported here: {problem}"),))
         return model
 
     # -- reading ------------------------------------------------------------
@@ -407,11 +416,11 @@ class Client:
         JobNotFound, JobNotActive."""
         return self.store.trigger(job_id, self.clock.now_ms())
 
-    def replace(self, job: Job | Mapping[str, Any]) -> JobRecord:
+    def replace(self, job: Job | Mapping[str, Any], *, import_target: bool = True) -> JobRecord:
         """Give an active job a new definition, schedule and all (what
         `sync` does for a declaration that changed); pending runs are
         replaced."""
-        return replace_job(self.store, self.check(job), self.clock.now_ms())
+        return replace_job(self.store, self.check(job, import_target=import_target), self.clock.now_ms())
 
     # -- dead letters -------------------------------------------------------
 

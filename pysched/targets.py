@@ -211,6 +211,21 @@ def resolve(ref: str) -> Callable[[RunContext], Any]:
     return func  # type: ignore[no-any-return]
 
 
+def import_problem(ref: str) -> str | None:
+    """Why ``module:function`` cannot be called as a target from this
+    process (its module does not import, names no such function, or not a
+    callable one); None when it can. Imports the module, as a worker does."""
+    try:
+        func = resolve(ref)
+    except _Unimportable as exc:
+        return str(exc)
+    except (Exception, SystemExit) as exc:  # raised by the module's own code
+        return f"importing {ref.partition(':')[0]} raised {_describe(exc)}"[:_OUTPUT_LIMIT]
+    if not callable(func):
+        return f"{ref} is a {type(func).__name__}, not a function"
+    return None
+
+
 def python_outcome(value: Any) -> Outcome:
     """A Python target's return value as its run's result: JSON, or its repr."""
     if value is None:

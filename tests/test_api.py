@@ -94,9 +94,15 @@ def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> No
     assert too_long.status_code == 422 and too_long.json()["detail"][0]["field"] == "job_id"
     assert "x" * 200 not in too_long.text
     assert api.get("/runs/not-a-key").status_code == 422
+    worker_only = {**job("py"), "target": {"kind": "python", "ref": "nosuchmod:run"}}
+    unimportable = api.post("/jobs", json=worker_only)
+    assert unimportable.status_code == 422 and unimportable.json()["detail"][0]["field"] == "target.ref"
+    assert "No module named 'nosuchmod'" in unimportable.json()["detail"][0]["message"]
     api.post("/jobs/kept/cancel")
     assert api.post("/jobs/kept/cancel").status_code == 409
     assert [j["id"] for j in api.get("/jobs").json()] == ["kept"]
+    # A target only the workers can import, said so.
+    assert api.post("/jobs", params={"import_check": "false"}, json=worker_only).status_code == 201
 
 
 def test_dead_letters_and_partitions_are_listed(api: TestClient, store_client: Client) -> None:
@@ -173,7 +179,7 @@ def test_without_a_token_only_loopback_names_and_no_other_site_may_write(tmp_pat
 def test_a_store_that_does_not_answer_is_a_503(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     client = Client(tmp_path / "api.db")
 
-    def locked(job: object) -> None:
+    def locked(job: object, **options: object) -> None:
         raise sqlite3.OperationalError("database is locked")
 
     monkeypatch.setattr(client, "add", locked)

@@ -64,6 +64,13 @@ from tests.helpers import PYSCHED, cli, cli_json
         (["--cron", "*/61 * * * *", "--shell", "true"], "--cron: Bad minute: step 61 is outside 1-60"),
         (["--cron", "0 " + "9" * 990 + " * * *", "--shell", "true"], "--cron: Bad hour: a number of 990 digits"),
         (["--cron", "* " * 600, "--shell", "true"], "--cron: longer than 1,000 characters"),
+        # A target that cannot be called fails here, not at run time.
+        (
+            ["--in", "60", "--python", "nosuchmod:f"],
+            "--python: cannot be imported here: ModuleNotFoundError: No module named 'nosuchmod'",
+        ),
+        (["--in", "60", "--python", "os:nope"], "--python: cannot be imported here: AttributeError: module 'os' has"),
+        (["--in", "60", "--python", "os:sep"], "--python: cannot be imported here: os:sep is a str, not a function"),
     ],
 )
 def test_bad_input_names_the_field_and_stores_nothing(db_path: Path, args: list[str], field: str) -> None:
@@ -72,6 +79,21 @@ def test_bad_input_names_the_field_and_stores_nothing(db_path: Path, args: list[
     assert field in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not db_path.exists()
+
+
+def test_a_target_only_the_workers_can_import_is_added_without_the_check(db_path: Path) -> None:
+    added = cli_json("add", "w", "--in", "60", "--python", "workeronly:run", "--no-import-check", db=db_path)
+    assert added["target"]["ref"] == "workeronly:run"
+
+
+def test_commands_that_do_not_create_a_database_leave_none_behind(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.db"
+    proc = cli("api", "--port", "0", db=typo, check=False, timeout_s=30)
+    assert proc.returncode == 2 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
+    assert not typo.exists()
+    synced = cli("sync", "os", db=typo, cwd=tmp_path)
+    assert "0 declared" in synced.stdout
+    assert not typo.exists()
 
 
 def test_bad_id_is_refused_in_words(db_path: Path) -> None:
@@ -88,9 +110,23 @@ def test_a_shell_payload_beyond_the_environment_limit_is_refused(tmp_path: Path,
     proc = cli("add", "job", "--in", "3", "--shell", "true", "--payload", f"@{big}", db=db_path, check=False)
     assert proc.returncode == 2 and "--payload:" in proc.stderr and "environment variable" in proc.stderr
     # The same payload suits a Python target, read from a file or standard input.
-    cli("add", "py", "--in", "60", "--python", "m:f", "--payload", f"@{big}", db=db_path)
+    cli("add", "py", "--in", "60", "--python", "m:f", "--no-import-check", "--payload", f"@{big}", db=db_path)
     piped = subprocess.run(
-        [*PYSCHED, "add", "piped", "--in", "60", "--python", "m:f", "--payload", "-", "--db", str(db_path), "--json"],
+        [
+            *PYSCHED,
+            "add",
+            "piped",
+            "--in",
+            "60",
+            "--python",
+            "m:f",
+            "--no-import-check",
+            "--payload",
+            "-",
+            "--db",
+            str(db_path),
+            "--json",
+        ],
         input=big.read_text(),
         capture_output=True,
         text=True,
@@ -100,7 +136,19 @@ def test_a_shell_payload_beyond_the_environment_limit_is_refused(tmp_path: Path,
     assert json.loads(piped.stdout)["payload"]["blob"] == "x" * 200_000
     over = tmp_path / "over.json"
     over.write_text(json.dumps({"blob": "x" * (1024 * 1024)}))
-    proc = cli("add", "huge", "--in", "3", "--python", "m:f", "--payload", f"@{over}", db=db_path, check=False)
+    proc = cli(
+        "add",
+        "huge",
+        "--in",
+        "3",
+        "--python",
+        "m:f",
+        "--no-import-check",
+        "--payload",
+        f"@{over}",
+        db=db_path,
+        check=False,
+    )
     assert proc.returncode == 2 and "--payload: more than 1,048,576 bytes" in proc.stderr
     assert sorted(j["id"] for j in cli_json("ls", db=db_path)) == ["piped", "py"]
 
@@ -163,7 +211,10 @@ def test_duplicate_id_is_refused_and_keeps_the_first(db_path: Path) -> None:
 
 
 def test_job_lifecycle_through_the_cli(db_path: Path) -> None:
-    added = cli_json("add", "report", "--cron", "*/15 * * * *", "--python", "mymod:run", "--jitter", "30", db=db_path)
+    added = cli_json(
+        "add", "report", "--cron", "*/15 * * * *", "--python", "mymod:run", "--no-import-check", "--jitter", "30",
+        db=db_path,
+    )  # fmt: skip
     assert added["state"] == "active" and added["next_run_at"] is not None
     assert 0 <= added["jitter_ms"] < 30_000
     shown = cli_json("show", "report", db=db_path)

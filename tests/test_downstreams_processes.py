@@ -40,8 +40,19 @@ def test_a_failing_function_does_not_park_its_modules_healthy_job(tmp_path: Path
         cli("add", "report", "--in", "1", "--python", "myjobs:report", db=db_path, cwd=tmp_path)
         wait_for(lambda: _states(db_path, "report") == ["succeeded"], 60, "report to run, not parked", log)
         # Jobs that share what they call say so, and share a breaker.
-        cli("add", "a", "--in", "1", "--python", "myjobs:boom", "--downstream", "pg:orders", db=db_path)
-        cli("add", "b", "--in", "600", "--python", "myjobs:report", "--downstream", "pg:orders", db=db_path)
+        cli("add", "a", "--in", "1", "--python", "myjobs:boom", "--downstream", "pg:orders", db=db_path, cwd=tmp_path)
+        cli(
+            "add",
+            "b",
+            "--in",
+            "600",
+            "--python",
+            "myjobs:report",
+            "--downstream",
+            "pg:orders",
+            db=db_path,
+            cwd=tmp_path,
+        )
         wait_for(lambda: _states(db_path, "a") != [], 60, "a to run", log)
         assert cli_json("show", "b", db=db_path)["downstream"] == "pg:orders"
     finally:

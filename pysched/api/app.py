@@ -33,6 +33,13 @@ from pysched.views import dead_letter_json, iso, job_json, last_run_json, run_js
 # No job's id is longer (model.JOB_ID_PATTERN): a longer one is refused, not
 # looked up and echoed back.
 JobIdPath = Annotated[str, Path(max_length=128, description="The job's id")]
+ImportCheckQuery = Annotated[
+    bool,
+    Query(
+        description="Import a Python target's module here to check that it names a function (false: for a target"
+        " only the workers can import)"
+    ),
+]
 # Jobs in one batch: a bulk registration's unit; more go in several.
 MAX_BATCH = 10_000
 _LOCATIONS = frozenset({"body", "query", "path", "header"})
@@ -134,13 +141,13 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         return [{**job_json(r), "last_run": last_run_json(last.get(r.job.id))} for r in records]
 
     @app.post("/jobs", status_code=201, tags=["jobs"])
-    def add_job(job: Job) -> dict[str, Any]:
-        return job_json(client.add(job))
+    def add_job(job: Job, import_check: ImportCheckQuery = True) -> dict[str, Any]:
+        return job_json(client.add(job, import_target=import_check))
 
     @app.post("/jobs/batch", tags=["jobs"])
-    def add_jobs(batch: JobBatch) -> dict[str, list[str]]:
+    def add_jobs(batch: JobBatch, import_check: ImportCheckQuery = True) -> dict[str, list[str]]:
         """Every job checked before any is stored; ids that exist are left."""
-        done = client.add_many(batch.jobs)
+        done = client.add_many(batch.jobs, import_target=import_check)
         return {"added": list(done.added), "existing": list(done.existing)}
 
     @app.get("/jobs/{job_id}", tags=["jobs"])

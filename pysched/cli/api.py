@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -13,6 +14,8 @@ from pysched.cli.common import DEFAULT_DB, ConfigOption, DbOption, cluster_confi
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+    from pysched.stores.sqlite_db import Access
 
 ApiPortOption = Annotated[
     int | None,
@@ -30,10 +33,19 @@ ApiHostOption = Annotated[
 
 
 def serve_api_on(
-    host: str, port: int, db: str, config: str | None, *, host_flag: str = "--host", port_flag: str = "--port"
+    host: str,
+    port: int,
+    db: str,
+    config: str | None,
+    *,
+    host_flag: str = "--host",
+    port_flag: str = "--port",
+    access: Access = "write",
 ) -> tuple[FastAPI, socket.socket]:
     """The API's address bound and its app made, or exit 2 naming what is
-    wrong: an exposed address without a token, a port that is taken."""
+    wrong: an exposed address without a token, a port that is taken, a
+    database that is not there (``access``: "create" where the command
+    creates it, as `up` does)."""
     from pysched.api.app import create_app
     from pysched.api.serve import UnsafeHost, UnsafeToken, bind, check_exposure, token_from
 
@@ -46,7 +58,10 @@ def serve_api_on(
         fail(f"{token_source}: {exc}")
     with listening(host_flag, port_flag, host, port):
         sock = bind(host, port)
-    client = open_client(db, config, access="create")
+    client = open_client(db, config, access=access)
+    # A Python target is checked by importing it from here, as the workers
+    # of `pysched up` find it.
+    sys.path.insert(0, str(Path.cwd()))
     return create_app(client, token=token), sock
 
 

@@ -371,6 +371,14 @@ def add(
     slo_window: Annotated[
         int | None, typer.Option("--slo-window", help="Days the objective is measured over (default 30).")
     ] = None,
+    no_import_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-import-check",
+            help="Do not import --python's module here to check it names a function (for a target only the"
+            " workers can import).",
+        ),
+    ] = False,
     downstream: Annotated[
         str | None,
         typer.Option(
@@ -422,10 +430,13 @@ def add(
     if slo:
         spec["slo"] = slo
     client = unopened_client(db, config, access="create")
+    if not no_import_check:
+        # Found from here, as the workers of `pysched up` find it.
+        sys.path.insert(0, str(Path.cwd()))
     try:
         # Before the database is opened: a refused job creates no file.
-        job = client.check(spec)
-        rec = opened(client).add(job)
+        job = client.check(spec, import_target=not no_import_check)
+        rec = opened(client).add(job, import_target=False)  # checked above
     except InvalidJob as exc:
         fail_invalid(exc)
     except JobExists as exc:

@@ -399,7 +399,9 @@ def up(
     if api_port is not None:
         from pysched.api.serve import ApiServer
 
-        api = ApiServer(*serve_api_on(api_host, api_port, db, config, host_flag="--api-host", port_flag="--api"))
+        api = ApiServer(
+            *serve_api_on(api_host, api_port, db, config, host_flag="--api-host", port_flag="--api", access="create")
+        )
     backends = _open(db, config)
     backends.retention = replace(
         backends.retention,

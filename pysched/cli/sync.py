@@ -21,7 +21,7 @@ from pysched.cli.common import (
     warn_without_scheduler,
 )
 from pysched.client import Client
-from pysched.declare import InvalidDeclaration
+from pysched.declare import InvalidDeclaration, declared_jobs
 from pysched.problems import InvalidJob
 from pysched.protocols import JobExists
 from pysched.sync import SyncReport, import_declarations
@@ -53,8 +53,9 @@ def sync(
         fail(f"MODULE: importing {module} failed: {type(exc).__name__}: {exc}")
     except Exception as exc:
         fail(f"MODULE: importing {module} failed: {type(exc).__name__}: {exc}")
-    if dry_run and config is None and not Path(db).exists():
-        # Nothing stored yet: what a sync would do is add every declaration.
+    if config is None and not Path(db).exists() and (dry_run or not declared_jobs(imported)):
+        # Nothing stored yet: what a sync would do is add every declaration;
+        # with none to add, it creates no database either.
         with tempfile.TemporaryDirectory() as empty:
             _report(
                 _synced(
@@ -62,7 +63,7 @@ def sync(
                     module,
                     imported,
                     prune=prune,
-                    dry_run=True,
+                    dry_run=dry_run,
                 ),
                 as_json,
             )
