@@ -10,6 +10,7 @@ at a time, and both work.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -107,8 +108,10 @@ class Scheduler:
         A shell job still running after the grace is stopped and run again
         later. A Python function cannot be stopped: its ``ctx.cancelled`` is
         set, and it keeps its run's claim until it returns, so that no other
-        node runs it beside it; its outcome is then recorded, and the
-        database closed, in the background."""
+        node runs it beside it; it is then recorded interrupted (to run
+        again as its next attempt, from its last checkpoint), and the
+        database closed, in the background. If the application exits first,
+        ending it, it is recorded interrupted at the exit."""
         if self._thread is None:
             return
         self._stop.set()
@@ -117,6 +120,9 @@ class Scheduler:
             self._node.stop_now()
             self._thread.join(5.0)
         if self._node is not None and self._node.workers.executor.running():
+            # Their outcome is recorded when they return; if the process
+            # exits first, ending them, they are recorded interrupted then.
+            atexit.register(self._exiting)
             threading.Thread(target=self._close_after_runs, name="pysched-closing", daemon=True).start()
         elif self._backends is not None:
             self._backends.close()
@@ -129,7 +135,16 @@ class Scheduler:
         returned and been recorded."""
         assert self._node is not None and self._backends is not None
         self._node.workers.wait_ended()
+        atexit.unregister(self._exiting)
         self._backends.close()
+
+    def _exiting(self) -> None:
+        """At the interpreter's exit, with runs still going on past the
+        stop: the exit ends their threads, so they are recorded interrupted
+        and their claims let go of, to run again at once as their next
+        attempts (rather than be found lost when their leases run out)."""
+        assert self._node is not None
+        self._node.workers.interrupt_going_on("the application exited while it ran, after the scheduler stopped")
 
     def __enter__(self) -> Scheduler:
         self.start()

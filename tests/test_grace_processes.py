@@ -118,6 +118,47 @@ def test_a_run_past_the_grace_is_stopped_recorded_interrupted_and_run_again_as_a
         _kill_group(first_pid)
 
 
+# Its shell ends at SIGTERM at once, leaving a process of its group that
+# ignores it: the node's stop takes its 2 s to kill that one, well past a
+# short lease.
+TERM_IGNORED = (
+    'echo $$ > "pid.$PYSCHED_ATTEMPT"; (trap "" TERM; exec sleep 30) >/dev/null 2>&1 &'
+    " for i in $(seq 300); do [ -e release ] && break; sleep 0.1; done"
+)
+
+
+def test_an_interrupted_runs_claim_is_kept_until_it_is_recorded_however_short_the_lease(
+    tmp_path: Path, db_path: Path
+) -> None:
+    # The claim went unrenewed from the end of the worker's thread to the
+    # record, and a standby node took the run over, recording it lost.
+    first = start_node(db_path, tmp_path, tmp_path / "a.log", "--grace", "0", "--lease", "0.5", "--workers", "1")
+    second: subprocess.Popen[bytes] | None = None
+    pids: list[int | None] = []
+    try:
+        cli("add", "stubborn", "--in", "1", "--shell", TERM_IGNORED, db=db_path, cwd=tmp_path)
+        wait_for(lambda: _read_pid(tmp_path / "pid.1") is not None, 30, "the first attempt to start")
+        pids.append(_read_pid(tmp_path / "pid.1"))
+        second = start_node(db_path, tmp_path, tmp_path / "b.log", "--grace", "0", "--lease", "0.5")
+        wait_for(lambda: _log_says(tmp_path / "b.log", "up on"), 30, "the standby node to start")
+        os.kill(first.pid, signal.SIGTERM)
+        assert first.wait(60) == 0
+        wait_for(lambda: _read_pid(tmp_path / "pid.2") is not None, 60, "the next attempt", tmp_path / "b.log")
+        pids.append(_read_pid(tmp_path / "pid.2"))
+        (tmp_path / "release").touch()
+        wait_for(lambda: _runs(db_path, "stubborn") == [("succeeded", 2)], 60, "the next attempt to succeed")
+        # Recorded interrupted by its node, never found lost by another.
+        assert "lost" not in (tmp_path / "b.log").read_text()
+        assert "taking over" not in (tmp_path / "b.log").read_text()
+    finally:
+        (tmp_path / "release").touch()
+        stop_node(first)
+        if second is not None:
+            stop_node(second)
+        for pid in pids:
+            _kill_group(pid)
+
+
 def test_a_run_that_ends_within_the_grace_is_recorded_as_it_ended(tmp_path: Path, db_path: Path) -> None:
     log = tmp_path / "node.log"
     node = start_node(db_path, tmp_path, log, "--grace", "60")

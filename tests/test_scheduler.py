@@ -3,13 +3,15 @@ process, firing the process's own functions."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import pysched
-from pysched import Client, Scheduler
+from pysched import Client, RunKey, Scheduler
 from tests.helpers import now_ms, start_node, stop_node, wait_for
 from tests.test_client import declaring_module
 
@@ -112,24 +114,26 @@ def test_a_scheduler_whose_node_fails_says_so_at_once(tmp_path: Path, monkeypatc
 
 
 # Runs until the test releases it, ignoring ctx.cancelled (as a careless job
-# does), and says which attempt started and whether it was told to stop.
+# does), and says which attempt started, which attempts had ended by then,
+# and whether it was told to stop.
 LINGERS = """
 import time
 from pathlib import Path
 
 def lingers(ctx):
     where = Path(ctx.payload["dir"])
-    (where / f"run.{ctx.attempt}").touch()
+    (where / f"run.{ctx.attempt}").write_text(" ".join(sorted(p.name for p in where.glob("ended.*"))))
     deadline = time.monotonic() + 120
     while not (where / "release").exists() and time.monotonic() < deadline:
         if ctx.cancelled.is_set():
             (where / f"cancelled.{ctx.attempt}").touch()
         time.sleep(0.05)
+    (where / f"ended.{ctx.attempt}").touch()
     return "done"
 """
 
 
-def test_a_stopped_scheduler_keeps_the_claim_of_a_python_run_still_going_so_no_node_runs_it_twice(
+def test_a_stopped_scheduler_keeps_the_claim_of_a_python_run_still_going_so_no_node_runs_it_beside_it(
     tmp_path: Path,
 ) -> None:
     module = declaring_module(tmp_path, LINGERS)
@@ -150,15 +154,56 @@ def test_a_stopped_scheduler_keeps_the_claim_of_a_python_run_still_going_so_no_n
         time.sleep(6)
         assert not (tmp_path / "run.2").exists()
         (tmp_path / "release").touch()
+        # Told to stop, it returned: recorded interrupted, it runs again as
+        # its next attempt, once the first had ended.
+        wait_for(lambda: (tmp_path / "run.2").exists(), 60, "the next attempt", log)
+        assert (tmp_path / "run.2").read_text() == "ended.1"
         with Client(db, access="read") as reader:
-            wait_for(lambda: state_of(reader, "lingers") == "succeeded", 60, "the first run's end to be recorded", log)
+            wait_for(lambda: state_of(reader, "lingers") == "succeeded", 60, "the next attempt's end", log)
             (run,) = reader.history("lingers")
-        assert (run.attempt, run.result) == (1, '"done"')
-        time.sleep(3)
-        assert not (tmp_path / "run.2").exists()
+        assert (run.attempt, run.result) == (2, '"done"')
     finally:
         (tmp_path / "release").touch()
         stop_node(node)
+
+
+# An application that stops its scheduler while a Python job runs on, then
+# exits: the exit ends the job.
+EXITING_APP = """
+import sys
+import time
+from pathlib import Path
+
+import pysched
+
+where = Path(sys.argv[1])
+scheduler = pysched.Scheduler(where / "app.db", workers=1, grace_s=0.5, lease_s=60)
+scheduler.start()
+scheduler.client.add({
+    "id": "lingers",
+    "schedule": {"kind": "once", "run_at_ms": time.time_ns() // 1_000_000 + 300},
+    "target": {"kind": "python", "ref": "lingering:lingers"},
+    "payload": {"dir": str(where)},
+})
+while not (where / "run.1").exists():
+    time.sleep(0.05)
+scheduler.stop()
+"""
+
+
+def test_an_application_that_exits_after_the_stop_records_its_running_job_interrupted(tmp_path: Path) -> None:
+    (tmp_path / "lingering.py").write_text(LINGERS)
+    (tmp_path / "app.py").write_text(EXITING_APP)
+    subprocess.run([sys.executable, "app.py", str(tmp_path)], cwd=tmp_path, check=True, timeout=120)
+    assert (tmp_path / "run.1").exists() and not (tmp_path / "ended.1").exists()
+    with Client(tmp_path / "app.db", access="read") as reader:
+        (run,) = reader.history("lingers")
+        failures = reader.get_run(RunKey.of(run)).failures
+    # Not left to be found lost when its 60 s lease runs out: let go of at
+    # the exit, it runs again at once wherever a node is up.
+    assert (run.state, run.attempt) == ("interrupted", 1)
+    assert run.error is not None and "the application exited" in run.error
+    assert failures == ()
 
 
 APPENDS = """

@@ -45,7 +45,8 @@ class WorkerConfig:
     # function, an HTTP call), which nothing stops, then ends with the
     # process, and is recorded interrupted at once. An application's
     # Scheduler lives on: such a run keeps its claim, ctx.cancelled set,
-    # until its target returns, so that no other node runs it beside it.
+    # until its target returns, so that no other node runs it beside it,
+    # and is recorded interrupted then.
     process_exits_at_stop: bool = True
     # The Temporal server of --temporal targets, host:port; None: the
     # PYSCHED_TEMPORAL_ADDRESS environment variable, else 127.0.0.1:7233.

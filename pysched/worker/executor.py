@@ -157,6 +157,12 @@ class Execution:
     # Its run as it found it when it took it over from an execution that
     # started it and never ended (retries.LOST): recorded as that attempt.
     lost: RunRecord | None = None
+    # Marked by an interruption and not yet recorded by it: its claim is
+    # still extended, or another node could take it over meanwhile.
+    awaiting_interruption: bool = False
+    # Its target went on past its node's stop (a thread nothing can stop),
+    # ctx.cancelled set: whatever it returns, it is recorded interrupted.
+    outlived_stop: bool = False
     # It holds a place of its node's capacity (calls.Capacity): from its
     # delivery's taking until its target returns, or it ends without a call.
     reserved: bool = False
@@ -220,7 +226,8 @@ class Executor:
         recording an outcome) is no longer extended and runs out."""
         with self._lock:
             for execution in executions:
-                self._running.pop(execution.holder, None)
+                if not execution.awaiting_interruption:
+                    self._running.pop(execution.holder, None)
         self._free_places(executions)
 
     def _free_places(self, executions: Sequence[Execution]) -> None:
@@ -416,6 +423,16 @@ class Executor:
                 # (or taken over: its lease was lost): this outcome came too
                 # late to count.
                 return
+            outlived_stop = execution.outlived_stop
+            if outlived_stop:
+                execution.interrupted = True
+        if outlived_stop:
+            # Told to stop by its node's stop, as a shell command is
+            # interrupted: it ran again as its next attempt, from its last
+            # checkpoint, rather than count a return cut short as done.
+            self.record_interrupted([execution], "the node stopped; it returned after ctx.cancelled was set")
+            return
+        with self._lock:
             if ended.state in ("succeeded", "failed") and execution.stop_reason:
                 # Stopped because its job was cancelled: whatever the target
                 # made of it, the run was cancelled.
@@ -491,7 +508,7 @@ class Executor:
             execution.interrupted = True
         self._interrupted_before_start(execution, by_interrupt=False)
 
-    def interrupt(self) -> list[Execution]:
+    def interrupt(self, *, process_exits: bool | None = None) -> list[Execution]:
         """Begin the interruption: no target starts from now on, and the
         executions whose runs have not ended are marked interrupted (an
         outcome they reach later is dropped). Returns those, for
@@ -500,19 +517,24 @@ class Executor:
 
         A target running in a thread (targets.runs_in_thread) cannot be
         stopped: its ``ctx.cancelled`` is set. Unless the process is about
-        to exit and end it (``process_exits_at_stop``), its run is not
-        interrupted: it keeps its claim, extended by the heartbeat, until
-        its target returns, and is recorded as it ends. Letting go of the
-        claim of a run still running would let another node run it beside
-        it."""
+        to exit and end it (``process_exits``, by default the config's
+        ``process_exits_at_stop``), its run is not interrupted now: it keeps
+        its claim, extended by the heartbeat, until its target returns, and
+        is recorded interrupted then. Letting go of the claim of a run still
+        running would let another node run it beside it. Each run marked
+        keeps its claim extended until ``record_interrupted`` lets go of it."""
+        if process_exits is None:
+            process_exits = self.config.process_exits_at_stop
         with self._lock:
             self.interrupting.set()
             unended = [e for e in self._running.values() if e.ended is None and not e.interrupted]
             in_thread = [e for e in unended if e.started_at_ms is not None and e.job and runs_in_thread(e.job)]
-            going_on = [] if self.config.process_exits_at_stop else in_thread
+            going_on = [] if process_exits else in_thread
             marked = [e for e in unended if e not in going_on]
             for execution in marked:
-                execution.interrupted = True
+                execution.interrupted = execution.awaiting_interruption = True
+            for execution in going_on:
+                execution.outlived_stop = True
         for execution in in_thread:
             execution.cancelled.set()
         if going_on:
@@ -544,6 +566,9 @@ class Executor:
                 "interrupted %s run_at=%d attempt=%s: %s", record.job_id, record.run_at_ms, execution.attempt, why
             )
         self._release_slots(executions, now_ms)
+        with self._lock:
+            for execution in executions:
+                execution.awaiting_interruption = False
         self.end(executions)
 
     def _claim(self, executions: Sequence[Execution]) -> list[ClaimOutcome]:

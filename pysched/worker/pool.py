@@ -129,6 +129,13 @@ class WorkerPool:
                 stopped,
             )
 
+    def interrupt_going_on(self, why: str) -> None:
+        """Record interrupted, their claims let go of, the runs that went on
+        past the interruption (targets in threads, in a process that lives
+        on): the process is about to exit, which ends them."""
+        executions = self.executor.interrupt(process_exits=True)
+        self.executor.record_interrupted(executions, why)
+
     def wait_ended(self, timeout_s: float | None = None) -> bool:
         """Wait for every worker and heartbeat thread to end, the runs that
         go on past an interruption included; whether they all did."""
@@ -225,9 +232,9 @@ class WorkerPool:
         next_beat = time.monotonic() + beat_s
         while True:
             time.sleep(min(self.config.poll_s, beat_s))
-            if stop.is_set() and not self._workers_alive():
-                return
-            if self.abandoned and not self.executor.running():
+            # Claims held, by runs going on or by an interruption not yet
+            # recorded, are kept until they are let go of.
+            if (self.abandoned or (stop.is_set() and not self._workers_alive())) and not self.executor.running():
                 return
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + beat_s
