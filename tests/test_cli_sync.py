@@ -29,7 +29,10 @@ def test_sync_adds_then_changes_nothing_then_prunes(tmp_path: Path) -> None:
     db = tmp_path / "jobs.db"
     write(tmp_path, "myjobs", DECLARED)
     first = cli("sync", "myjobs", db=db, cwd=tmp_path)
-    assert "added myjobs.report" in first.stdout and "added cleanup" in first.stdout
+    assert "added myjobs.report: next run " in first.stdout and "added cleanup" in first.stdout
+    # The jittered time beside the one the schedule names.
+    assert "on its schedule + " in first.stdout and "s of jitter, the same every run" in first.stdout
+    assert "myjobs: 2 declared: 2 added, 0 updated, 0 unchanged" in first.stdout
     assert "no scheduler has run" in first.stderr
     again = json.loads(cli("sync", "myjobs", "--json", db=db, cwd=tmp_path).stdout)
     assert again["added"] == [] and sorted(again["unchanged"]) == ["cleanup", "myjobs.report"]
@@ -40,6 +43,7 @@ def test_sync_adds_then_changes_nothing_then_prunes(tmp_path: Path) -> None:
     assert shown["state"] == "active"
     pruned = cli("sync", "myjobs", "--prune", db=db, cwd=tmp_path)
     assert "cancelled cleanup" in pruned.stdout
+    assert "myjobs: 1 declared: 0 added, 0 updated, 1 unchanged; 1 no longer declared cancelled" in pruned.stdout
     assert json.loads(cli("show", "cleanup", "--json", db=db).stdout)["state"] == "cancelled"
     report = json.loads(cli("show", "myjobs.report", "--json", db=db).stdout)
     assert report["target"] == {"kind": "python", "ref": "myjobs:report", "timeout_s": None}

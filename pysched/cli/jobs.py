@@ -258,15 +258,26 @@ def describe_missed(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in counts.items() if n) or "none"
 
 
+def describe_next_run(rec: JobRecord) -> str:
+    """Its next run: when it is due, and, for a job with jitter, the time
+    its schedule names and the jitter added to it."""
+    if rec.next_run is None:
+        return "nothing held" if rec.state == "paused" else "no further runs"
+    due = iso(rec.next_run.due_ms)
+    nxt = f"holding its run of {due} until resumed" if rec.state == "paused" else f"next run {due}"
+    if rec.jitter_ms:
+        nxt += (
+            f" ({iso(rec.next_run.run_at_ms)} on its schedule + {rec.jitter_ms / 1000:g} s of jitter, the same"
+            " every run; --critical for none)"
+        )
+    return nxt
+
+
 def _print_job(rec: JobRecord, as_json: bool, verb: str) -> None:
     if as_json:
         echo_json(job_json(rec))
         return
-    nxt = f"next run {iso(rec.next_run.due_ms)}" if rec.next_run else "no further runs"
-    if rec.state == "paused":
-        nxt = f"holding its run of {iso(rec.next_run.due_ms)} until resumed" if rec.next_run else "nothing held"
-    jitter = f" (+{rec.jitter_ms} ms jitter)" if rec.jitter_ms else ""
-    typer.echo(f"{verb} {rec.job.id}: {_describe(rec)}; {nxt}{jitter}")
+    typer.echo(f"{verb} {rec.job.id}: {_describe(rec)}; {describe_next_run(rec)}")
 
 
 def add(

@@ -20,6 +20,7 @@ from pysched.cli.common import (
     open_client,
     warn_without_scheduler,
 )
+from pysched.cli.jobs import describe_next_run
 from pysched.client import Client
 from pysched.declare import InvalidDeclaration, declared_jobs
 from pysched.problems import InvalidJob
@@ -70,7 +71,7 @@ def sync(
         return
     client = open_client(db, config, access="read" if dry_run else "create")
     report = _synced(client, module, imported, prune=prune, dry_run=dry_run)
-    _report(report, as_json)
+    _report(report, as_json, client)
     if not dry_run and report.added:
         warn_without_scheduler(client.store, db)
 
@@ -85,11 +86,13 @@ def _synced(client: Client, module: str, imported: ModuleType, *, prune: bool, d
         fail(f"id: {exc}; run sync again")
 
 
-def _report(report: SyncReport, as_json: bool) -> None:
+def _report(report: SyncReport, as_json: bool, client: Client | None = None) -> None:
+    """``client``: where the jobs added or updated are, to say when each
+    next runs."""
     if as_json:
         echo_json(_report_json(report))
     else:
-        _print_report(report)
+        _print_report(report, client)
 
 
 def _report_json(report: SyncReport) -> dict[str, object]:
@@ -104,19 +107,26 @@ def _report_json(report: SyncReport) -> dict[str, object]:
     }
 
 
-def _print_report(report: SyncReport) -> None:
+def _print_report(report: SyncReport, client: Client | None) -> None:
     would = "would be " if report.dry_run else ""
     for verb, ids in (("added", report.added), ("updated", report.updated), ("cancelled", report.pruned)):
         for job_id in ids:
-            typer.echo(f"{would}{verb} {job_id}")
+            when = ""
+            if client is not None and not report.dry_run and verb != "cancelled":
+                when = f": {describe_next_run(client.get(job_id))}"
+            typer.echo(f"{would}{verb} {job_id}{when}")
     for skipped in report.skipped:
         typer.echo(f"skipped {skipped.job_id}: {skipped.reason}")
-    changed = len(report.added) + len(report.updated) + len(report.pruned)
-    typer.echo(
-        f"{report.module}: {report.declared} declared,"
-        f" {changed} {'to change' if report.dry_run else 'changed'}, {len(report.unchanged)} unchanged"
-        + (f", {len(report.skipped)} skipped" if report.skipped else "")
-    )
+    # Each declaration counted once; a cancellation is of a job no longer declared.
+    counts = [
+        f"{len(report.added)} {would}added",
+        f"{len(report.updated)} {would}updated",
+        f"{len(report.unchanged)} unchanged",
+    ]
+    if report.skipped:
+        counts.append(f"{len(report.skipped)} skipped")
+    pruned = f"; {len(report.pruned)} no longer declared {would}cancelled" if report.pruned else ""
+    typer.echo(f"{report.module}: {report.declared} declared: {', '.join(counts)}{pruned}")
 
 
 def register_commands(app: typer.Typer) -> None:
