@@ -22,6 +22,7 @@ from pysched import cron
 from pysched.admission import JobRejected, admit
 from pysched.catchup import count_missed
 from pysched.clock import Clock, SystemClock
+from pysched.declare import job_of
 from pysched.model import CronSchedule, Job, OnceSchedule, PythonTarget
 from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
 from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
@@ -217,11 +218,25 @@ class Client:
 
     # -- adding -------------------------------------------------------------
 
-    def add(self, job: Job | Mapping[str, Any], *, import_target: bool = True) -> JobRecord:
-        """Register a job, given as a `Job` or its JSON form (a mapping);
-        returns it as stored, with its first run. Raises InvalidJob or
-        JobExists, and then nothing is stored. ``import_target``: see
-        `check`."""
+    def add(
+        self,
+        job: Job | Mapping[str, Any] | Callable[..., Any],
+        /,
+        *,
+        import_target: bool = True,
+        **options: Any,
+    ) -> JobRecord:
+        """Register a job, given as a `Job`, its JSON form (a mapping), or
+        a module-level function with `@pysched.job`'s options
+        (``client.add(report, cron="0 9 * * 1-5", tz="Europe/Paris")``);
+        returns it as stored, with its first run. Raises InvalidJob (for a
+        lambda, a closure or a script's ``__main__`` function too, which a
+        worker cannot import) or JobExists, and then nothing is stored.
+        ``import_target``: see `check`."""
+        if not isinstance(job, Job | Mapping):
+            job = job_of(job, **options)
+        elif options:
+            raise TypeError(f"{', '.join(sorted(options))}: options go with a function; a job carries its own")
         checked = self.check(job, import_target=import_target)
         try:
             return register(self.store, checked, self.clock.now_ms())

@@ -66,57 +66,126 @@ def job(
     and ``downstream`` (what it calls, for its circuit breaker and retry
     budget; default: the job itself)."""
 
+    options = {
+        "cron": cron,
+        "at": at,
+        "tz": tz,
+        "id": id,
+        "jitter": jitter,
+        "critical": critical,
+        "retries": retries,
+        "backoff": backoff,
+        "retry_on": retry_on,
+        "timeout": timeout,
+        "catch_up": catch_up,
+        "max_delay": max_delay,
+        "overlap": overlap,
+        "payload": payload,
+        "slo": slo,
+        "downstream": downstream,
+    }
+
     def declare(func: F) -> F:
-        ref = f"{getattr(func, '__module__', '?')}:{getattr(func, '__name__', '?')}"
-        if getattr(func, "__module__", None) == "__main__":
-            raise InvalidDeclaration(ref, _where_problems(func))
-        if (cron is None) == (at is None):
-            raise InvalidDeclaration(ref, (Problem("schedule", "give exactly one of cron= and at="),))
-        spec: dict[str, Any] = {
-            "id": id if id is not None else f"{func.__module__}.{func.__name__}",
-            "schedule": _schedule(cron, at, tz, ref),
-            "target": {"kind": "python", "ref": ref},
-            "critical": critical,
-            "retry": _retry(retries, backoff, retry_on, ref),
-        }
-        if timeout is not None:
-            spec["target"]["timeout_s"] = timeout
-        for key, value in (
-            ("jitter_window_s", jitter),
-            ("catch_up", catch_up),
-            ("max_delay_s", max_delay),
-            ("overlap", overlap),
-            ("payload", payload),
-            ("slo", slo.model_dump() if isinstance(slo, SloPolicy) else slo),
-            ("downstream", downstream),
-        ):
-            if value is not None:
-                spec[key] = value
-        try:
-            declared = Job.model_validate(spec)
-            # What a registration would refuse, refused where it is written:
-            # a payload that is no JSON, jitter on a critical job, a URL.
-            admit(declared, SystemClock().now_ms())
-        except ValidationError as exc:
-            raise InvalidDeclaration(ref, invalid_from_validation(exc).problems) from None
-        except JobRejected as exc:
-            raise InvalidDeclaration(ref, invalid_from_rejection(exc).problems) from None
-        problems = _where_problems(func)
-        if problems:
-            raise InvalidDeclaration(ref, problems)
-        setattr(func, _ATTRIBUTE, declared)
+        setattr(func, _ATTRIBUTE, job_of(func, **options))
         return func
 
     return declare
 
 
+_OPTIONS = frozenset(
+    {
+        "cron", "at", "tz", "id", "jitter", "critical", "retries", "backoff", "retry_on", "timeout", "catch_up",
+        "max_delay", "overlap", "payload", "slo", "downstream",
+    }
+)  # fmt: skip
+
+
+def job_of(target: Callable[..., Any] | str, **options: Any) -> Job:
+    """The job that runs ``target`` (a module-level function, or its
+    ``"module:function"``) with ``@pysched.job``'s options, checked now;
+    what `Client.add(func, cron=...)` and `Scheduler.add_job` register.
+    Raises InvalidDeclaration naming the function and every problem: a
+    lambda, a closure or a script's ``__main__`` function is refused, since
+    a worker in another process imports its target by name."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(f"unexpected options {', '.join(unknown)}; the options are {', '.join(sorted(_OPTIONS))}")
+    if isinstance(target, str):
+        ref, default_id = target, target.replace(":", ".")
+    else:
+        ref = f"{getattr(target, '__module__', '?')}:{getattr(target, '__name__', '?')}"
+        default_id = f"{getattr(target, '__module__', '?')}.{getattr(target, '__name__', '?')}"
+        name = getattr(target, "__name__", None)
+        if getattr(target, "__module__", None) == "__main__" or not (isinstance(name, str) and name.isidentifier()):
+            # Its id and ref would be refused too: this says why.
+            raise InvalidDeclaration(ref, _where_problems(target))
+    cron, at, tz = options.get("cron"), options.get("at"), options.get("tz") or "UTC"
+    if (cron is None) == (at is None):
+        raise InvalidDeclaration(ref, (Problem("schedule", "give exactly one of cron= and at="),))
+    slo = options.get("slo")
+    spec: dict[str, Any] = {
+        "id": options.get("id") or default_id,
+        "schedule": _schedule(cron, at, tz, ref),
+        "target": {"kind": "python", "ref": ref},
+        "critical": bool(options.get("critical")),
+        "retry": _retry(options.get("retries"), options.get("backoff"), options.get("retry_on"), ref),
+    }
+    if options.get("timeout") is not None:
+        spec["target"]["timeout_s"] = options["timeout"]
+    for key, value in (
+        ("jitter_window_s", options.get("jitter")),
+        ("catch_up", options.get("catch_up")),
+        ("max_delay_s", options.get("max_delay")),
+        ("overlap", options.get("overlap")),
+        ("payload", options.get("payload")),
+        ("slo", slo.model_dump() if isinstance(slo, SloPolicy) else slo),
+        ("downstream", options.get("downstream")),
+    ):
+        if value is not None:
+            spec[key] = value
+    try:
+        declared = Job.model_validate(spec)
+        # What a registration would refuse, refused where it is written:
+        # a payload that is no JSON, jitter on a critical job, a URL.
+        admit(declared, SystemClock().now_ms())
+    except ValidationError as exc:
+        raise InvalidDeclaration(ref, invalid_from_validation(exc).problems) from None
+    except JobRejected as exc:
+        raise InvalidDeclaration(ref, invalid_from_rejection(exc).problems) from None
+    where = () if isinstance(target, str) else _where_problems(target)
+    if where:
+        raise InvalidDeclaration(ref, where)
+    return declared
+
+
 def _where_problems(func: Callable[..., Any]) -> tuple[Problem, ...]:
     """A worker finds the function by importing its module and reading the
     name: it must be defined at a module's top level, and not in a script."""
-    if func.__module__ == "__main__":
-        return (Problem("target.ref", "defined in a script run as __main__: a worker cannot import it"),)
-    if func.__qualname__ != func.__name__ or not func.__name__.isidentifier():
-        return (Problem("target.ref", f"{func.__qualname__} is not a function at its module's top level"),)
+    module = getattr(func, "__module__", None)
+    name = getattr(func, "__name__", None)
+    qualname = getattr(func, "__qualname__", name)
+    if not isinstance(name, str) or not isinstance(module, str):
+        return (Problem("target.ref", f"{func!r} has no module and name: a worker imports its target by name"),)
+    if module == "__main__":
+        return (
+            Problem(
+                "target.ref",
+                "defined in a script run as __main__: a worker in another process cannot import it;"
+                " move it into a module",
+            ),
+        )
+    if name == "<lambda>":
+        return (Problem("target.ref", "a lambda: a worker in another process imports its target by name"),)
+    if "<locals>" in str(qualname):
+        return (
+            Problem(
+                "target.ref",
+                f"{qualname} is defined inside another function: a worker in another process can only import"
+                " a function at its module's top level",
+            ),
+        )
+    if qualname != name or not name.isidentifier():
+        return (Problem("target.ref", f"{qualname} is not a function at its module's top level"),)
     return ()
 
 

@@ -16,10 +16,13 @@ import os
 import threading
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 from pysched.client import Client
 from pysched.clock import Clock, SystemClock
+from pysched.declare import job_of
 from pysched.node import EmbeddedBackends, Node, open_embedded
+from pysched.protocols import JobRecord
 from pysched.worker import WorkerConfig
 
 log = logging.getLogger("pysched.scheduler")
@@ -129,6 +132,17 @@ class Scheduler:
         self.client.close()
         if self._failure is not None:
             raise SchedulerStopped(f"the scheduler's node failed: {self._failure!r}") from self._failure
+
+    def add_job(self, target: Callable[..., Any] | str, /, **options: Any) -> JobRecord:
+        """Register a job that calls ``target`` (a module-level function, or
+        ``"module:function"``) with `@pysched.job`'s options, as
+        APScheduler's ``add_job`` does: ``scheduler.add_job(report,
+        cron="0 9 * * 1-5")``, ``at=``, ``id=``, ``retries=``, ... Raises
+        InvalidJob (a lambda or a closure, which a worker cannot import,
+        included) or JobExists."""
+        return self.client.add(
+            target if callable(target) else job_of(target, **options), **(options if callable(target) else {})
+        )
 
     def _close_after_runs(self) -> None:
         """Close the database once the runs that went on past the stop have

@@ -10,6 +10,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +255,7 @@ def test_a_declaration_that_cannot_be_a_job_fails_where_it_is_written() -> None:
 
     assert [p.field for p in bad.value.problems] == ["schedule.expr"]
     assert "@pysched.job on tests.test_client:nightly: schedule.expr: Bad minute" in str(bad.value)
-    with pytest.raises(pysched.InvalidDeclaration, match="not a function at its module's top level"):
+    with pytest.raises(pysched.InvalidDeclaration, match="defined inside another function: a worker in another"):
 
         @pysched.job(cron="* * * * *")
         def inner(ctx: pysched.RunContext) -> None: ...
@@ -273,6 +274,33 @@ def test_a_declaration_that_cannot_be_a_job_fails_where_it_is_written() -> None:
         with pytest.raises(pysched.InvalidDeclaration) as refused:
             pysched.job(**options)(print)
         assert [p.field for p in refused.value.problems] == [field], options
+
+
+def test_a_function_is_added_as_it_is_declared_and_one_no_worker_can_import_is_refused_saying_why(
+    tmp_path: Path,
+) -> None:
+    module = importlib.import_module(declaring_module(tmp_path, TWO_JOBS))
+    with Client(tmp_path / "f.db") as client:
+        added = client.add(module.report, cron="0 9 * * 1-5", tz="Europe/Paris", id="weekday-report", retries=2)
+        assert (added.job.id, added.job.target.ref, added.job.retry.retries) == (
+            "weekday-report",
+            f"{module.__name__}:report",
+            2,
+        )
+        by_name = client.add(f"{module.__name__}:report", at=datetime.now(UTC) + timedelta(hours=1))
+        assert by_name.job.id == f"{module.__name__}.report"
+
+        def closure(ctx: pysched.RunContext) -> None: ...
+
+        for target, why in (
+            (lambda ctx: None, "a lambda: a worker in another process imports its target by name"),
+            (closure, "defined inside another function"),
+        ):
+            with pytest.raises(pysched.InvalidJob, match=why):
+                client.add(target, cron="* * * * *")
+        with pytest.raises(TypeError, match="options go with a function"):
+            client.add(added.job, cron="* * * * *")
+        assert [r.job.id for r in client.ls()] == [f"{module.__name__}.report", "weekday-report"]
 
 
 def test_a_module_declares_only_its_own_functions(tmp_path: Path) -> None:

@@ -3,9 +3,11 @@ process, firing the process's own functions."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -239,3 +241,15 @@ def test_trigger_pause_and_resume_run_the_triggered_run_once_and_keep_the_schedu
         assert [(r.run_at_ms, r.state) for r in client.history("yearly")] == [(triggered.run_at_ms, "succeeded")]
         assert client.get("yearly").next_run == yearly.next_run
         assert set(client.missed([client.get("yearly")])["yearly"].values()) == {0}
+
+
+def test_add_job_takes_a_function_as_apscheduler_does_and_refuses_one_no_worker_can_import(tmp_path: Path) -> None:
+    module = importlib.import_module(declaring_module(tmp_path, JOBS))
+    with Scheduler(tmp_path / "app.db", workers=1, grace_s=5) as scheduler:
+        soon = datetime.now(UTC) + timedelta(milliseconds=300)
+        added = scheduler.add_job(module.touch, at=soon, id="touches", payload={"path": str(tmp_path / "t")})
+        assert added.job.target.ref == f"{module.__name__}:touch"
+        wait_for(lambda: state_of(scheduler.client, "touches") == "succeeded", 60, "the function's run")
+        with pytest.raises(pysched.InvalidJob, match="a lambda"):
+            scheduler.add_job(lambda ctx: None, cron="* * * * *")
+    assert (tmp_path / "t").read_text() == "touches"
