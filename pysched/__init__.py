@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from pysched.protocols import JobExists, JobNotActive, JobNotFound, JobRecord, RunNotFound, RunRecord
     from pysched.scheduler import Scheduler, SchedulerStopped
     from pysched.slo import SloReport
+    from pysched.stores.sqlite_db import DatabaseUnusable
     from pysched.sync import Skipped, SyncReport
     from pysched.targets import RunContext
 
@@ -72,12 +73,14 @@ _HOMES = {
     "InvalidJob": "pysched.problems",
     "Problem": "pysched.problems",
     "JobRejected": "pysched.admission",
+    "DatabaseUnusable": "pysched.stores.sqlite_db",
 }
 
 __all__ = [
     "AddedMany",
     "Client",
     "CronSchedule",
+    "DatabaseUnusable",
     "Fire",
     "HttpTarget",
     "InvalidDeclaration",

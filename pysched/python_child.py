@@ -91,7 +91,7 @@ def run_in_child(ref: str, ctx: RunContext, timeout_s: float, stopping: threadin
             left = deadline - time.monotonic()
             if left <= 0:
                 ctx.cancelled.set()
-                raise TimeoutError(f"timed out after {timeout_s:g} s (stopped: SIGTERM, then SIGKILL)")
+                raise TimeoutError(f"timed out after {timeout_s:g} s ({_stop(child)})")
             if not ours.poll(min(left, _POLL_S)):
                 continue
             try:
@@ -112,20 +112,27 @@ def run_in_child(ref: str, ctx: RunContext, timeout_s: float, stopping: threadin
         ours.close()
 
 
-def _stop(child: Any) -> None:
+def _stop(child: Any) -> str:
     """SIGTERM to the child's group (the target's ctx.cancelled), then
-    SIGKILL to what is left of it, whatever it started too."""
+    SIGKILL to what is left of it, whatever it started too; how it ended,
+    in words."""
     pid = child.pid
+    how = "it had ended"
     if child.exitcode is None:
         signal_group(pid, signal.SIGTERM)
+        asked = time.monotonic()
         child.join(KILL_AFTER_S)
         if child.exitcode is None:
             signal_group(pid, signal.SIGKILL)
+            how = f"stopped: SIGTERM, then SIGKILL {KILL_AFTER_S:g} s later"
+        else:
+            how = f"it returned {time.monotonic() - asked:.1f} s after SIGTERM set ctx.cancelled"
     child.join()
     # What the target started and left behind: a group outlives its leader,
     # and its id is not given to another process while it does.
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    return how
 
 
 def _child_main(call: _Call, conn: Connection) -> None:

@@ -265,3 +265,22 @@ def test_a_cancelled_id_is_refused_with_the_reason(db_path: Path) -> None:
     assert "id: job 'nightly' was cancelled" in proc.stderr and "new id" in proc.stderr
     (job,) = cli_json("ls", db=db_path)
     assert job["state"] == "cancelled" and job["target"]["command"] == "true"
+
+
+def test_the_faces_say_each_thing_once_and_in_words(db_path: Path) -> None:
+    cli("add", "tick", "--cron", "*/5 * * * *", "--shell", "true", db=db_path)
+    shown = cli("show", "tick", db=db_path).stdout
+    keys = [line.split(":", 1)[0].strip() for line in shown.splitlines()]
+    assert len(keys) == len(set(keys)), shown
+    assert "critical: false" in shown and "True" not in shown and "False" not in shown
+    assert "paused" in cli("ls", "--help", db=db_path).stdout
+    # A docstring's line breaks are not the terminal's.
+    assert "come,\n" not in cli("--help", db=db_path, check=False).stdout
+    cli("cancel", "tick", db=db_path)
+    assert cli("preview", "tick", db=db_path).stdout.strip() == "tick is cancelled: it fires no more"
+    assert cli_json("preview", "tick", db=db_path)["fires"] == []
+    import pysched
+    from pysched.cli.slo import _budget_left
+
+    assert issubclass(pysched.DatabaseUnusable, OSError)
+    assert (_budget_left(0.5), _budget_left(-99.0), _budget_left(None)) == ("50.000%", "none: 100x spent", "-")

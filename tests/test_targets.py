@@ -326,7 +326,8 @@ def test_a_python_target_past_its_timeout_fails_and_is_told_to_stop(tmp_path: Pa
     ctx = context_for(job, RECORD)
     outcome = run_target(job, ctx)
     assert (outcome.succeeded, outcome.kind) == (False, "timeout")
-    assert "timed out after 0.5 s" in (outcome.error or "")
+    assert "timed out after 0.5 s (it returned " in (outcome.error or "")
+    assert "s after SIGTERM set ctx.cancelled)" in (outcome.error or "")
     # Its process got SIGTERM: the target saw ctx.cancelled and returned.
     assert (tmp_path / "saw-cancel").read_text() == "yes"
     assert ctx.cancelled.is_set()
@@ -338,6 +339,7 @@ def test_a_python_target_that_ignores_its_timeout_is_killed(tmp_path: Path) -> N
     )
     outcome = run_target(job, context_for(job, RECORD))
     assert outcome.kind == "timeout"
+    assert outcome.error == "TimeoutError: timed out after 0.5 s (stopped: SIGTERM, then SIGKILL 2 s later)"
     # SIGKILL after the 2 s it had to return: gone, not running on.
     assert not _alive(int((tmp_path / "pid").read_text()))
 

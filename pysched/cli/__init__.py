@@ -13,6 +13,8 @@ from pysched.cli import api, breakers, catchup, deadletters, jobs, node, preview
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    # Docstrings are paragraphs: their line breaks are not the terminal's.
+    rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
     help="pysched: a job scheduler for Python.",
 )

@@ -24,7 +24,7 @@ from pysched.downstream import downstream_of
 from pysched.protocols import JobNotFound, RunNotFound
 from pysched.views import dead_letter_json, iso
 
-app = typer.Typer(no_args_is_help=True, help="Dead letters: runs that failed for good.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown", help="Dead letters: runs that failed for good.")
 
 RUN_HELP = "The run's key, JOB:RUN_AT_MS:GROUP, as `pysched dlq ls` shows it."
 _LIMIT = 100_000
@@ -99,6 +99,9 @@ def show(
         echo_json(data)
         return
     typer.echo(f"{record.idempotency_key}: {record.state}, attempt {record.attempt}, due {iso(record.due_ms)}")
+    if not data["failures"]:
+        typer.echo("no failed attempts")
+        return
     table = Table("attempt", "worker", "started", "ended", "kind", "error")
     for f in data["failures"]:
         table.add_row(

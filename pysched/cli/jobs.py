@@ -457,8 +457,9 @@ def add(
 
 
 def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """List jobs: the schedule's state (active, completed: no runs to come,
-    cancelled) and, apart from it, how the last run handed on went."""
+    """List jobs: the schedule's state (active; paused; completed: no runs
+    to come; cancelled) and, apart from it, how the last run handed on
+    went."""
     client = open_client(db, config, access="read")
     records = client.ls()
     last = client.last_runs([r.job.id for r in records])
@@ -483,6 +484,17 @@ def ls(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOpti
             f"{run.state} {iso(run.run_at_ms)}" if run else "-",
         )
     console().print(table)
+
+
+# What `show` says in words rather than as the stored value.
+_DESCRIBED = frozenset({"retry", "catch_up", "overlap", "missed"})
+
+
+def _shown(value: object) -> str:
+    """A value as `show` prints it: JSON's words, not Python's."""
+    if isinstance(value, dict | bool) or value is None:
+        return json.dumps(value)
+    return str(value)
 
 
 def _cell(value: object) -> str:
@@ -511,7 +523,9 @@ def show(
         return
     budget = data.pop("retry_budget")
     for key, value in data.items():
-        typer.echo(f"{key:>14}: {json.dumps(value) if isinstance(value, dict) else value}")
+        if key in _DESCRIBED:
+            continue  # said in words below
+        typer.echo(f"{key:>14}: {_shown(value)}")
     typer.echo(
         f"{'retry budget':>14}: {budget['retries_last_minute']} of {budget['retry_budget_last_minute']} retries"
         f" of {data['downstream']} used in the last minute ({policy.budget_ratio:.0%} of first attempts plus"

@@ -92,6 +92,13 @@ def preview(
             rec = open_store(db, config, access="read").get_job(job_id)
         except JobNotFound as exc:
             fail(str(exc), EXIT_NO_SUCH_JOB)
+        if rec.state in ("cancelled", "completed") and isinstance(rec.job.schedule, CronSchedule):
+            # Its schedule would go on; the job does not.
+            if as_json:
+                echo_json({"expr": rec.job.schedule.expr, "tz": rec.job.schedule.tz, "state": rec.state, "fires": []})
+            else:
+                typer.echo(f"{job_id} is {rec.state}: it fires no more")
+            return
         if not isinstance(rec.job.schedule, CronSchedule):
             fail(f"{job_id}: a one-shot job, not a cron schedule: its one run is {_utc(rec.job.schedule.run_at_ms)}")
         cron_expr, zone_name, jitter_ms = rec.job.schedule.expr, rec.job.schedule.tz, rec.jitter_ms

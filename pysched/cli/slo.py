@@ -26,6 +26,14 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.3%}"
 
 
+def _budget_left(value: float | None) -> str:
+    """What is left of the error budget; spent past it, how many budgets'
+    worth of late runs there were (-99 left is 100 budgets spent)."""
+    if value is None or value >= 0:
+        return _share(value)
+    return f"none: {1 - value:.3g}x spent"
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -67,7 +75,7 @@ def slo(
             str(r.runs),
             str(r.late),
             _share(r.attainment),
-            _share(r.budget_remaining),
+            _budget_left(r.budget_remaining),
             _rate(burns["1h"]),
             _rate(burns["6h"]),
             _rate(burns["3d"]),
