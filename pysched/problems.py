@@ -71,7 +71,10 @@ def problems_from_errors(
         parts = [str(p) for p in err.get("loc", ())]
         if parts and parts[0] in outside:
             parts = parts[1:]
-        field = ".".join(p for p in parts if p not in _UNION_TAGS)
+        # A union's tag names the branch a value was read as, within a
+        # field (schedule.cron.expr); alone, it is a field's own name (the
+        # query parameter cron).
+        field = ".".join(p for p in parts if p not in _UNION_TAGS or len(parts) == 1)
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         if message.startswith("expr: "):
             # The schedule's own validator names its expression.

@@ -57,6 +57,7 @@ def test_jobs_are_added_read_changed_and_cancelled(api: TestClient) -> None:
     assert api.post("/jobs/report/cancel").json()["state"] == "cancelled"
     batch = api.post("/jobs/batch", json={"jobs": [job("report"), job("b"), job("c")]})
     assert batch.json() == {"added": ["b", "c"], "existing": ["report"]}
+    assert api.post("/jobs/batch", json=[job("c"), job("d")]).json() == {"added": ["d"], "existing": ["c"]}
     assert api.get("/preview", params={"cron": "0 0 1 1 *", "count": 2}).json()["tz"] == "UTC"
 
 
@@ -81,6 +82,12 @@ def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> No
     assert api.put("/jobs/kept/schedule", json={"kind": "cron", "expr": "* * 32 * *"}).status_code == 422
     assert api.get("/jobs/kept/runs", params={"limit": 0}).json()["detail"][0]["field"] == "limit"
     assert api.get("/preview", params={"cron": "* *"}).status_code == 422
+    assert api.get("/preview").json()["detail"] == [{"field": "cron", "message": "Field required"}]
+    typo = api.post("/dead-letters/redrive", json={"al": True})
+    assert typo.status_code == 422 and typo.json()["detail"][0]["field"] == "al"
+    # A bare list is the batch itself; its fields are named as in {"jobs": [...]}.
+    bare = api.post("/jobs/batch", json=[job("fine2"), job("nope", schedule={"kind": "cron", "expr": "x"})])
+    assert bare.status_code == 422 and bare.json()["detail"][0]["field"] == "jobs.1.schedule.expr"
     for method, path in (
         ("get", "/jobs/ghost"),
         ("get", "/jobs/ghost/runs"),
@@ -126,7 +133,9 @@ def test_a_token_guards_every_request_and_a_body_past_the_limit_is_refused(tmp_p
             refused = http.get(path)
             assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
         assert http.post("/jobs", json=job("sneaky")).status_code == 401
-        assert http.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        wrong = http.get("/jobs", headers={"Authorization": "Bearer wrong"})
+        assert wrong.status_code == 401 and wrong.json()["detail"].startswith("the bearer token is wrong")
+        assert http.get("/jobs").json()["detail"].startswith("a bearer token is required")
         auth = {"Authorization": "Bearer s3cret"}
         assert http.post("/jobs", json=job("fine"), headers=auth).status_code == 201
         too_big = http.post("/jobs", json=job("big", payload={"x": "y" * 4096}), headers=auth)

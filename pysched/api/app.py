@@ -20,7 +20,7 @@ from fastapi import Body, FastAPI, Path, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pysched.api.guard import MAX_BODY_BYTES, BearerToken, BodyLimit, CrossSiteWrites, LoopbackHosts
 from pysched.api.ui import LOGIN_PATH, OPEN_PATHS, PAGE_PATHS, dashboard
@@ -46,10 +46,21 @@ _LOCATIONS = frozenset({"body", "query", "path", "header"})
 
 
 class JobBatch(BaseModel):
+    """``{"jobs": [...]}``, or the list of jobs itself."""
+
     jobs: list[Job] = Field(max_length=MAX_BATCH)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_list(cls, value: Any) -> Any:
+        return {"jobs": value} if isinstance(value, list) else value
 
 
 class RedriveRequest(BaseModel):
+    # A field it does not know is refused, not passed over: a typo would
+    # otherwise redrive nothing, or everything.
+    model_config = ConfigDict(extra="forbid")
+
     runs: list[str] = Field(
         default_factory=list, max_length=100_000, description="Run keys, JOB:RUN_AT_MS:GROUP, as dead letters show them"
     )
@@ -146,7 +157,8 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
 
     @app.post("/jobs/batch", tags=["jobs"])
     def add_jobs(batch: JobBatch, import_check: ImportCheckQuery = True) -> dict[str, list[str]]:
-        """Every job checked before any is stored; ids that exist are left."""
+        """Every job checked before any is stored; ids that exist are left.
+        The body is ``{"jobs": [...]}``, or the list of jobs itself."""
         done = client.add_many(batch.jobs, import_target=import_check)
         return {"added": list(done.added), "existing": list(done.existing)}
 

@@ -142,6 +142,11 @@ class BearerToken:
             await send({"type": "http.response.start", "status": 303, "headers": [(b"location", self.login.encode())]})
             await send({"type": "http.response.body", "body": b""})
             return
+        if scheme:
+            bearer_given = scheme.lower() == b"bearer"
+            why = "the bearer token is wrong" if bearer_given else "the Authorization scheme is not Bearer"
+            await _refuse(send, 401, f"{why}: Authorization: Bearer TOKEN", [(b"www-authenticate", b"Bearer")])
+            return
         await _refuse(
             send, 401, "a bearer token is required: Authorization: Bearer TOKEN", [(b"www-authenticate", b"Bearer")]
         )
