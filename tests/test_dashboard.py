@@ -105,8 +105,17 @@ def test_the_overview_shows_upcoming_fires_the_lag_distribution_and_recent_runs(
     assert [row[0] for row in upcoming] == ["often"] * 6
     assert live["parts"]["upcoming"]["caption"] == "6 fires of 1 job in the next 60 minutes"
     # A day: nightly's one fire, and often's next run plus its previewed fires, capped.
-    day = [row[0] for row in cells(http.get("/", params={"parts": 1, "minutes": 24 * 60}).json(), "upcoming")]
+    day_page = http.get("/", params={"parts": 1, "minutes": 24 * 60}).json()
+    day = [row[0] for row in cells(day_page, "upcoming")]
     assert (day.count("nightly"), day.count("often")) == (1, 1 + MAX_FIRES_PER_JOB)
+    # Counted whole though capped in the list: 143 of */10 in the day from its next, and nightly's.
+    assert day_page["parts"]["upcoming"]["caption"].startswith("144 fires of 2 jobs in the next 1440 minutes")
+    # Times say their zone.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+", upcoming[0][1])
+    # A bad window is a page that says so, not JSON in its place.
+    bad = http.get("/", params={"minutes": "abc"})
+    assert bad.status_code == 422 and bad.headers["content-type"].startswith("text/html")
+    assert "window, minutes: a whole number from 1" in bad.text
     lag = {row[0]: row[1] for row in cells(live, "lag")}
     assert (lag["0 ms to 10 ms"], lag["10 ms to 50 ms"], lag["500 ms to 1.00 s"]) == ("2", "1", "1")
     assert live["parts"]["lag"]["caption"].startswith("4 runs sampled · p50 5 ms")

@@ -101,6 +101,13 @@ def _html(markup: Html, status: int = 200) -> HTMLResponse:
     return HTMLResponse(markup, status_code=status, headers=_HEADERS)
 
 
+def _whole(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
 def _form(body: bytes) -> dict[str, str]:
     """An urlencoded form's fields, the last value of each."""
     return {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
@@ -136,11 +143,18 @@ def dashboard(client: Client, *, token: str | None) -> APIRouter:
 
     @router.get("/")
     def overview_page(
-        request: Request,
-        minutes: Annotated[int, Query(ge=1, le=MAX_WINDOW_MIN)] = DEFAULT_WINDOW_MIN,
-        parts: bool = False,
+        request: Request, minutes: Annotated[str | None, Query(max_length=20)] = None, parts: bool = False
     ) -> Response:
-        return show(overview(client, minutes), request, parts)
+        # Read here, not by FastAPI: a bad value is a page that says so,
+        # not JSON in place of the page.
+        window = DEFAULT_WINDOW_MIN if minutes is None else _whole(minutes)
+        if window is None or not 1 <= window <= MAX_WINDOW_MIN:
+            why = f"window, minutes: a whole number from 1 to {MAX_WINDOW_MIN:,}; got {minutes!r}"
+            if parts:
+                return JSONResponse({"detail": [{"field": "minutes", "message": why}]}, status_code=422)
+            body = Html(tag("h1", "Bad request") + tag("p", why, ". ", tag("a", "Back to the overview", href="/")))
+            return document("Bad request", body, status=422)
+        return show(overview(client, window), request, parts)
 
     @router.get("/ui/jobs/{job_id}")
     def one_job(request: Request, job_id: str, parts: bool = False) -> Response:

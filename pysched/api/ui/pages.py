@@ -20,9 +20,10 @@ from urllib.parse import quote
 
 from pysched import cron
 from pysched.api.ui.html import Cell, Html, Part, Post, part_html, tag
+from pysched.catchup import count_missed
 from pysched.client import Client, PartitionLeader, RunKey, coming_fires
 from pysched.model import CronSchedule
-from pysched.protocols import OWED_AGAIN, JobNotFound, JobRecord, RunRecord
+from pysched.protocols import OWED_AGAIN, JobNotFound, JobRecord, MissedRuns, RunRecord
 from pysched.views import iso, job_json
 
 DEFAULT_WINDOW_MIN = 60
@@ -59,11 +60,11 @@ def job_href(job_id: str) -> str:
 
 
 def clock(ms: int | None) -> str:
-    """A stored time in the machine's zone, to the second."""
+    """A stored time in the machine's zone, to the second, with the zone."""
     if ms is None:
         return ""
     try:
-        return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
     except (ValueError, OverflowError, OSError):
         return iso(ms) or ""
 
@@ -138,12 +139,16 @@ def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: i
         key=lambda r: (r.next_run.due_ms if r.next_run else 0, r.job.id),
     )
     fires: list[Upcoming] = []
+    total = 0
     for n, rec in enumerate(soon):
         assert rec.next_run is not None
         schedule = rec.job.schedule
         first = rec.next_run
         dst = cron.dst_note(schedule.expr, schedule.tz, first.run_at_ms) if isinstance(schedule, CronSchedule) else None
         fires.append(Upcoming(rec.job.id, first.run_at_ms, first.due_ms, rec.partition, dst))
+        # Counted whole, whatever is listed: a job firing every 5 s fires
+        # 720 times an hour, though 120 are shown.
+        total += 1 if not isinstance(schedule, CronSchedule) else fires_within(rec, end)
         if not isinstance(schedule, CronSchedule) or n >= MAX_PREVIEWED_JOBS:
             continue
         # From the record in hand: no read of the job again.
@@ -152,7 +157,15 @@ def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: i
                 break
             fires.append(Upcoming(rec.job.id, fire.at_ms, fire.due_ms or fire.at_ms, rec.partition, fire.dst))
     fires.sort(key=lambda f: (f.due_ms, f.job_id))
-    return fires[:MAX_UPCOMING], len(fires)
+    return fires[:MAX_UPCOMING], max(total, len(fires))
+
+
+def fires_within(rec: JobRecord, end_ms: int) -> int:
+    """How many fires of a cron job are due from its next run to ``end_ms``
+    (estimated past ten thousand, as missed times are counted)."""
+    assert rec.next_run is not None
+    span = MissedRuns(rec.job.id, rec.next_run.run_at_ms, end_ms - rec.jitter_ms + 1, "")
+    return count_missed(rec.job, span) if span.end_ms > span.first_ms else 0
 
 
 def lag_sample(client: Client, records: list[JobRecord]) -> list[RunRecord]:
