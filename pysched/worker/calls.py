@@ -14,6 +14,7 @@ thing at a time, calls them one after another (``InlineCalls``).
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -81,10 +82,13 @@ class Capacity:
 
 
 class ThreadedCalls:
-    """Each call on a daemon thread of its own, all of a batch at once:
-    nothing waits behind another run. Daemon threads, because a Python
-    target cannot be stopped: a process that exits ends it (a pool's
-    non-daemon threads would keep the process alive for it instead).
+    """Each call on a thread of its own, all of a batch at once: nothing
+    waits behind another run. The threads are kept for the next calls (a
+    burst would otherwise start one per run), as many as have ever run at
+    once, which a node's capacity bounds; a call never waits for one. They
+    are daemon threads, because a Python target cannot be stopped: a
+    process that exits ends it (non-daemon threads would keep the process
+    alive for it instead).
 
     A call's return is yielded together with those that follow within
     ``gather_s``, so that a burst of short runs records its ends in a few
@@ -92,6 +96,24 @@ class ThreadedCalls:
 
     def __init__(self, gather_s: float = 0.02) -> None:
         self._gather_s = gather_s
+        self._tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a task, not yet promised one
+
+    def _submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            promised = self._idle > 0
+            if promised:
+                self._idle -= 1
+        if not promised:
+            threading.Thread(target=self._serve, name="pysched-run", daemon=True).start()
+        self._tasks.put(task)
+
+    def _serve(self) -> None:
+        while True:
+            self._tasks.get()()
+            with self._lock:
+                self._idle += 1
 
     def run(self, items: Iterable[T], call: Callable[[T], R]) -> Iterator[Ends[T, R]]:
         returns: queue.SimpleQueue[tuple[T, R | None, BaseException | None]] = queue.SimpleQueue()
@@ -104,7 +126,7 @@ class ThreadedCalls:
 
         running = 0
         for item in items:
-            threading.Thread(target=calling, args=(item,), name="pysched-run", daemon=True).start()
+            self._submit(functools.partial(calling, item))
             running += 1
         failure: BaseException | None = None
         while running:
