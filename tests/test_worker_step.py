@@ -6,6 +6,8 @@ acknowledges nothing unfinished. Nothing here sleeps or reads real time."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -21,6 +23,7 @@ from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.targets import RunContext
 from pysched.worker import DeliveryWorker, Executor, WorkerConfig
+from pysched.worker.calls import Capacity, ThreadedCalls
 
 T0 = 1_700_000_040_000
 CONFIG = WorkerConfig(lease_ms=30_000, retry_base_s=0.2, retry_max_s=10.0, busy_wait_ms=5_000)
@@ -35,12 +38,19 @@ _while_running: list[Callable[[], None]] = []
 def count_run(ctx: RunContext) -> None:
     _runs.append(ctx.idempotency_key)
     _attempts.append(ctx.attempt)
+    if ctx.job_id.startswith("held"):
+        _release.wait(30)
     while _while_running:
         _while_running.pop(0)()
 
 
+# What a run of a job named held* waits for before it returns.
+_release = threading.Event()
+
+
 @pytest.fixture(autouse=True)
 def _no_runs_yet() -> Iterator[None]:
+    _release.clear()
     _runs.clear()
     _attempts.clear()
     _while_running.clear()
@@ -417,3 +427,35 @@ def test_a_run_interrupted_while_it_runs_is_delivered_again_at_once_as_its_next_
     assert DeliveryWorker(w.node.dispatcher.consumer(), other, random.Random(7)).step(w.clock.now_ms())
     assert (w.acked(), _attempts) == (1, [1, 2])
     assert [(r.state, r.attempt) for r in w.leader.store.history("job")] == [("succeeded", 2)]
+
+
+def test_a_write_that_fails_while_a_run_of_its_batch_runs_never_has_that_run_called_again() -> None:
+    # The short run's end fails to record while the held one still runs:
+    # the attempt waits for it before giving up, and its repetition records
+    # both rather than call the held one a second time beside the first.
+    w = World(fault("claims", "complete"))
+    executor = Executor(
+        w.node.claims, w.node.store, w.clock, "node-1", CONFIG, calls=ThreadedCalls(), capacity=Capacity(4)
+    )
+    short, held = w.dispatch("short", "held")
+    executions = [executor.new_execution(short), executor.new_execution(held)]
+    failed: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            executor.attempt(executions)
+        except ConnectionError as exc:
+            failed.append(exc)
+
+    first = threading.Thread(target=attempt)
+    first.start()
+    deadline = time.monotonic() + 30
+    while not w.faults.injected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.faults.injected, "the end write was not tried"
+    _release.set()
+    first.join(30)
+    assert failed and not first.is_alive()
+    executor.attempt(executions)
+    assert sorted(_runs) == sorted([short.idempotency_key, held.idempotency_key])
+    assert (w.states("short"), w.states("held")) == (["succeeded"], ["succeeded"])

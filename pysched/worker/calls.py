@@ -125,9 +125,16 @@ class ThreadedCalls:
                 returns.put((item, None, exc))
 
         running = 0
-        for item in items:
-            self._submit(functools.partial(calling, item))
-            running += 1
+        try:
+            for item in items:
+                self._submit(functools.partial(calling, item))
+                running += 1
+        except BaseException:
+            # Taking the next item failed: the calls under way are not left
+            # behind unseen; they finish before the failure is raised.
+            for _ in range(running):
+                returns.get()
+            raise
         failure: BaseException | None = None
         while running:
             first = returns.get()

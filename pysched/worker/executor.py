@@ -34,6 +34,7 @@ node's ``capacity`` from its delivery's taking until its target returns.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import random
@@ -377,20 +378,34 @@ class Executor:
         self._free_places([e for e in executions if e.ended is not None or e.interrupted])
         self._record(executions)
         called: list[Execution] = []
-        for ends in self.calls.run(self._start(ready), self._call_in_place):
-            for execution, end in ends.returned:
-                self._set_ended(execution, end)
-                called.append(execution)
-            first_end = next((e.ended.at_ms for e in called if e.ended is not None and not e.recorded), None)
-            if ends.more_running or (first_end is not None and self.clock.now_ms() - first_end >= _RECORD_WITHIN_MS):
-                self._record(called)
+        calls = self.calls.run(self._start(ready), self._call_in_place)
+        try:
+            for ends in calls:
+                called.extend(execution for execution, _ in ends.returned)
+                first_end = next((e.ended.at_ms for e in called if e.ended is not None and not e.recorded), None)
+                if ends.more_running or (
+                    first_end is not None and self.clock.now_ms() - first_end >= _RECORD_WITHIN_MS
+                ):
+                    self._record(called)
+        except BaseException:
+            # A write failed while calls were under way: they finish first
+            # (each sets its end as it returns), so that the attempt's
+            # repetition records them rather than calls them a second time.
+            with contextlib.suppress(BaseException):
+                for _ in calls:
+                    pass
+            raise
         self._record(ready)
         return outcomes
 
     def _call_in_place(self, execution: Execution) -> Ended:
-        """Its call, then its place of the node's capacity given back."""
+        """Its call, its end set as soon as it returns (an interruption or a
+        repeated attempt then finds it ended: never called again), then its
+        place of the node's capacity given back."""
         try:
-            return self._call(execution)
+            end = self._call(execution)
+            self._set_ended(execution, end)
+            return end
         finally:
             self._free_places([execution])
 
