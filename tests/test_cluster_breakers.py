@@ -93,9 +93,10 @@ def test_a_failing_downstream_is_held_to_the_budget_across_workers_and_every_run
     # each other thread of both workers (a worker that has not yet re-read
     # the row learns of the opening when its own failure's write loses).
     # Then one probe per open period, across the cluster (a conditional
-    # write). Retries are held to the budget's floor, first attempts being
-    # few: each worker writes its grant before the next decision, so only
-    # two decisions at the same instant can both take the last one.
+    # write). Retries are held to the budget (its floor set low here, first
+    # attempts being few): each worker writes its grant before the next
+    # decision, so only two decisions at the same instant can both take the
+    # last one; a retry refused waits a window, making no call meanwhile.
     bound = THRESHOLD + PROCESSES * THREADS + BUDGET_FLOOR + (PROCESSES - 1) + int(outage_s / OPEN_S) + 2
     print(f"failed calls during the outage: {failed_calls} (bound {bound}, of {RUNS} runs, two workers)")
     assert failed_calls <= bound
@@ -107,10 +108,10 @@ def test_a_failing_downstream_is_held_to_the_budget_across_workers_and_every_run
 
     wait_for(settled, 180, "every run to succeed or fail for good", node_log)
     dead_count = _run_states(cluster)["failed"]
-    assert dead_count > 0
     dead = _cli_json(cluster, "dlq", "ls", "--limit", str(RUNS))
     assert len(dead) == dead_count
-    assert any(f"retry budget exhausted for {breaker['downstream']}" in d["error"] for d in dead)
+    # A run the budget held back is retried later, never dead-lettered for it.
+    assert not any("retry budget" in d["error"] for d in dead)
     cli("dlq", "redrive", "--all", "--config", str(cluster.config_path), db=cluster.tmp / "unused.db")
     wait_for(lambda: _run_states(cluster) == Counter({"succeeded": RUNS}), 120, "the redriven runs", node_log)
     assert _cli_json(cluster, "breakers")[0]["state"] == "closed"
