@@ -9,6 +9,7 @@ unchanged and is called with a `RunContext` when its job runs.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import ModuleType
@@ -92,12 +93,8 @@ def job(
     return declare
 
 
-_OPTIONS = frozenset(
-    {
-        "cron", "at", "tz", "id", "jitter", "critical", "retries", "backoff", "retry_on", "timeout", "catch_up",
-        "max_delay", "overlap", "payload", "slo", "downstream",
-    }
-)  # fmt: skip
+# What job_of takes: the decorator's options, named once, in its signature.
+_OPTIONS = frozenset(inspect.signature(job).parameters)
 
 
 def job_of(target: Callable[..., Any] | str, **options: Any) -> Job:
