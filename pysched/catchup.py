@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pysched import cron
-from pysched.model import CronSchedule, Job
+from pysched import recurrence
+from pysched.model import Job
 from pysched.protocols import MissedRuns, PlannedRun
 
 # Counting a missed span time by time stops here; the rest is estimated
@@ -41,7 +41,7 @@ def next_run(job: Job, jitter_ms: int, run_at_ms: int, now_ms: int) -> tuple[Pla
     to 59.99 s past its minute fires after the next minute began, and the
     next minute's run is still ahead, not missed."""
     sched = job.schedule
-    if not isinstance(sched, CronSchedule):
+    if not recurrence.is_recurring(sched):
         return None, None
     if job.catch_up == "run_all":
         after = run_at_ms
@@ -49,11 +49,11 @@ def next_run(job: Job, jitter_ms: int, run_at_ms: int, now_ms: int) -> tuple[Pla
         after = max(run_at_ms, now_ms - jitter_ms - job.max_delay_ms - 1)
     else:
         after = max(run_at_ms, now_ms - jitter_ms - 1)
-    nxt = cron.next_after(sched.expr, sched.tz, after)
+    nxt = recurrence.next_after(sched, after)
     planned = None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)
     if after == run_at_ms:
         return planned, None
-    first = cron.next_after(sched.expr, sched.tz, run_at_ms)
+    first = recurrence.next_after(sched, run_at_ms)
     if first is None or first > after:
         return planned, None
     reason = "past_deadline" if job.catch_up == "deadline" else "skipped"
@@ -69,23 +69,23 @@ def on_resume(
     is the next), and the schedule times passed over for the pause."""
     sched = job.schedule
     if held is None:
-        if isinstance(sched, CronSchedule):
-            nxt = cron.next_after(sched.expr, sched.tz, now_ms)
+        if recurrence.is_recurring(sched):
+            nxt = recurrence.next_after(sched, now_ms)
             return (None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)), None
         return None, None
-    if held.due_ms > now_ms or not isinstance(sched, CronSchedule) or job.catch_up == "run_all":
+    if held.due_ms > now_ms or not recurrence.is_recurring(sched) or job.catch_up == "run_all":
         # Not due yet; a one-shot is the worker's to judge late; run_all
         # replays every time from the held one on.
         return held, None
     if job.catch_up == "run_once":
         # The latest time already due runs, once.
         nxt = held.run_at_ms
-        while (after := cron.next_after(sched.expr, sched.tz, nxt)) is not None and after + jitter_ms <= now_ms:
+        while (after := recurrence.next_after(sched, nxt)) is not None and after + jitter_ms <= now_ms:
             nxt = after
     elif job.catch_up == "deadline":
-        nxt = cron.next_after(sched.expr, sched.tz, max(held.run_at_ms - 1, now_ms - jitter_ms - job.max_delay_ms - 1))
+        nxt = recurrence.next_after(sched, max(held.run_at_ms - 1, now_ms - jitter_ms - job.max_delay_ms - 1))
     else:
-        nxt = cron.next_after(sched.expr, sched.tz, now_ms - jitter_ms - 1)
+        nxt = recurrence.next_after(sched, now_ms - jitter_ms - 1)
     planned = None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)
     if planned is not None and planned.run_at_ms == held.run_at_ms:
         return held, None
@@ -107,7 +107,7 @@ def replay(job: Job, jitter_ms: int, overdue: PlannedRun, now_ms: int) -> Replay
     """For ``pysched catch-up --dry-run``: the policy applied to a job whose
     next run, ``overdue``, is due before ``now_ms``."""
     sched = job.schedule
-    if not isinstance(sched, CronSchedule):
+    if not recurrence.is_recurring(sched):
         late = late_reason(job, overdue.due_ms, now_ms)
         return Replay(0, 1, late) if late else Replay(1, 0, None)
     due_by_now = _span(job, overdue.run_at_ms, now_ms - jitter_ms + 1)
@@ -142,11 +142,11 @@ def late_reason(job: Job, due_ms: int, now_ms: int) -> str | None:
 def count_missed(job: Job, missed: MissedRuns) -> int:
     """How many schedule times ``missed`` spans."""
     sched = job.schedule
-    if not isinstance(sched, CronSchedule):
+    if not recurrence.is_recurring(sched):
         return 1
     count, t = 0, missed.first_ms - 1
     while count < _COUNT_EXACTLY:
-        nxt = cron.next_after(sched.expr, sched.tz, t)
+        nxt = recurrence.next_after(sched, t)
         if nxt is None or nxt >= missed.end_ms:
             return count
         count, t = count + 1, nxt

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from pysched import cron
+from pysched import cron, durations
 
 # No ':' in an id: it separates the parts of the idempotency key.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -73,7 +73,32 @@ class OnceSchedule(_Strict):
     run_at_ms: int = Field(ge=0)
 
 
-Schedule = Annotated[CronSchedule | OnceSchedule, Field(discriminator="kind")]
+class IntervalSchedule(_Strict):
+    """Every ``every_s`` seconds of elapsed time (APScheduler's interval
+    trigger, Celery beat's ``schedule(run_every)``): at ``start_ms`` and
+    each interval after it; without a start, at the multiples of the
+    interval since 1970-01-01T00:00Z, so that the same declaration always
+    means the same times (``every="1h"`` fires on the hour). Elapsed time
+    has no daylight saving: no zone."""
+
+    kind: Literal["every"] = "every"
+    # Seconds, or a duration such as "90s", "5m", "1h30m", "2d" on the way in.
+    every_s: float = Field(ge=durations.MIN_INTERVAL_S, le=durations.MAX_INTERVAL_S, allow_inf_nan=False)
+    start_ms: int | None = Field(default=None, ge=0)
+
+    @field_validator("every_s", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        if isinstance(value, str):
+            return durations.parse_seconds(value)
+        return value
+
+    @property
+    def every_ms(self) -> int:
+        return round(self.every_s * 1000)
+
+
+Schedule = Annotated[CronSchedule | IntervalSchedule | OnceSchedule, Field(discriminator="kind")]
 
 
 class ShellTarget(_Strict):
@@ -211,7 +236,7 @@ class Job(_Strict):
             return 0
         window_s = self.jitter_window_s
         if window_s is None:
-            window_s = DEFAULT_JITTER_WINDOW_S if isinstance(self.schedule, CronSchedule) else 0.0
+            window_s = 0.0 if isinstance(self.schedule, OnceSchedule) else DEFAULT_JITTER_WINDOW_S
         window = round(window_s * 1000)
         if period_ms is not None:
             window = min(window, period_ms)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from pysched import catchup, cron, native
-from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched import catchup, native, recurrence
+from pysched.model import Job, OnceSchedule
 from pysched.protocols import JobPlanState, NextRun, NextRuns, PlannedRun, Run
 
 
@@ -20,22 +20,18 @@ def jitter_for(job: Job) -> int:
     """The job's fixed offset within its jitter window (0 without one): a
     function of its id and spec alone, so the same job gets the same offset
     whichever day, DST night or not, it is registered on."""
-    period = None
-    if isinstance(job.schedule, CronSchedule):
-        period = cron.nominal_period_ms(job.schedule.expr)
+    period = recurrence.period_ms(job.schedule) if recurrence.is_recurring(job.schedule) else None
     window = job.jitter_window_ms(period)
     return int(native.jitter_offset(job.id, window)) if window > 0 else 0
 
 
 def first_run(job: Job, jitter_ms: int, now_ms: int) -> PlannedRun | None:
     """The first run of a newly registered (or rescheduled) job."""
-    match job.schedule:
-        case OnceSchedule(run_at_ms=run_at_ms):
-            return PlannedRun(run_at_ms, run_at_ms + jitter_ms)
-        case CronSchedule(expr=expr, tz=tz):
-            nxt = cron.next_after(expr, tz, now_ms)
-            return None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)
-    raise AssertionError(f"unknown schedule {job.schedule!r}")
+    schedule = job.schedule
+    if isinstance(schedule, OnceSchedule):
+        return PlannedRun(schedule.run_at_ms, schedule.run_at_ms + jitter_ms)
+    nxt = recurrence.next_after(schedule, now_ms)
+    return None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)
 
 
 def is_resend(state: JobPlanState, run_at_ms: int) -> bool:

@@ -19,7 +19,7 @@ from pysched.admission import JobRejected
 ID_RULE = "ASCII letters, digits, '.', '_' or '-', at most 128, starting with a letter or digit"
 
 # The tags of the schedule and target unions, which are not fields.
-_UNION_TAGS = frozenset({"cron", "once", "shell", "python", "http", "temporal"})
+_UNION_TAGS = frozenset({"cron", "every", "once", "shell", "python", "http", "temporal"})
 
 # (field, pydantic error type) -> what would be accepted, in words.
 _WORDS = {

@@ -250,7 +250,7 @@ def check_catch_up(
     """
     inside: dict[str, list[OwedRun]] = {}
     for run in owed:
-        if down_ms < run.due_ms <= up_ms and jobs[run.job_id].schedule.kind == "cron" and run.key not in sent_before:
+        if down_ms < run.due_ms <= up_ms and jobs[run.job_id].schedule.kind != "once" and run.key not in sent_before:
             inside.setdefault(run.job_id, []).append(run)
     out: list[Violation] = []
     for job_id, runs in inside.items():

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pysched import cron
-from pysched.model import CATCH_UP_POLICIES, CronSchedule, Job, OnceSchedule
+from pysched.model import CATCH_UP_POLICIES, CronSchedule, IntervalSchedule, Job, OnceSchedule
 from pysched.planning import jitter_for
 from pysched.records import idempotency_key
 from pysched.sim.ledger import TARGET
@@ -78,6 +78,11 @@ def make_jobs(
             hour = rng.randrange(24)
             expr = {"minutely": "* * * * *", "hourly": f"{minute} * * * *", "daily": f"{minute} {hour} * * *"}[kind]
             spec["schedule"] = {"kind": "cron", "expr": expr}
+            if i % 2:
+                # Every other one as the interval that names the same UTC
+                # times: both kinds of schedule, from one draw, so that a
+                # seed's world is the same as before intervals were drawn.
+                spec["schedule"] = _interval_like(kind, minute, hour)
             if rng.random() < 0.5:
                 spec["jitter_window_s"] = {"minutely": 30, "hourly": 300, "daily": 600}[kind]
         if flaky_rng is not None and flaky_rng.random() < flaky:
@@ -87,6 +92,14 @@ def make_jobs(
             spec.update(_catch_up_spec(policy_rng))
         jobs.append(Job.model_validate(spec))
     return jobs
+
+
+def _interval_like(kind: str, minute: int, hour: int) -> dict[str, object]:
+    if kind == "minutely":
+        return {"kind": "every", "every_s": 60}
+    if kind == "hourly":
+        return {"kind": "every", "every_s": 3600, "start_ms": minute * 60_000}
+    return {"kind": "every", "every_s": 86_400, "start_ms": (hour * 60 + minute) * 60_000}
 
 
 def _catch_up_spec(rng: random.Random) -> dict[str, object]:
@@ -114,6 +127,14 @@ def owed_runs(job: Job, registered_ms: int, until_ms: int, after_ms: int | None 
             while t is not None and t + jitter <= until_ms:
                 yield OwedRun(idempotency_key(job.id, t, 0), job.id, t + jitter, t)
                 t = cron.next_after(expr, tz, t)
+        case IntervalSchedule(start_ms=start):
+            # Counted here from the definition, not by the planner's code.
+            since = registered_ms if after_ms is None else max(registered_ms, after_ms - jitter)
+            every, anchor = job.schedule.every_ms, start or 0
+            t = anchor if since < anchor else anchor + every * ((since - anchor) // every + 1)
+            while t + jitter <= until_ms:
+                yield OwedRun(idempotency_key(job.id, t, 0), job.id, t + jitter, t)
+                t += every
 
 
 class OwedRuns:
