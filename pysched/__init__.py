@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pysched.model import (
         CronSchedule,
         HttpTarget,
+        IntervalSchedule,
         Job,
         OnceSchedule,
         PythonTarget,
@@ -56,6 +57,7 @@ _HOMES = {
     "RunContext": "pysched.targets",
     "Job": "pysched.model",
     "CronSchedule": "pysched.model",
+    "IntervalSchedule": "pysched.model",
     "OnceSchedule": "pysched.model",
     "ShellTarget": "pysched.model",
     "PythonTarget": "pysched.model",
@@ -83,6 +85,7 @@ __all__ = [
     "DatabaseUnusable",
     "Fire",
     "HttpTarget",
+    "IntervalSchedule",
     "InvalidDeclaration",
     "InvalidJob",
     "Job",

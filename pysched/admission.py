@@ -14,7 +14,7 @@ import re
 
 from pydantic import HttpUrl, TypeAdapter, ValidationError
 
-from pysched.model import CronSchedule, HttpTarget, Job, OnceSchedule, ShellTarget
+from pysched.model import HttpTarget, IntervalSchedule, Job, OnceSchedule, Schedule, ShellTarget
 
 # Far enough for any real plan; near enough that every run time can be shown
 # as a date (Python's datetime ends at year 9999).
@@ -80,9 +80,11 @@ def admit(job: Job, now_ms: int) -> None:
         check_url(target.url)
 
 
-def check_schedule(schedule: CronSchedule | OnceSchedule, now_ms: int) -> None:
+def check_schedule(schedule: Schedule, now_ms: int) -> None:
     if isinstance(schedule, OnceSchedule) and schedule.run_at_ms > now_ms + MAX_AHEAD_MS:
         raise JobRejected("schedule.run_at_ms", f"more than {MAX_AHEAD_YEARS} years ahead")
+    if isinstance(schedule, IntervalSchedule) and (schedule.start_ms or 0) > now_ms + MAX_AHEAD_MS:
+        raise JobRejected("schedule.start_ms", f"more than {MAX_AHEAD_YEARS} years ahead")
 
 
 def check_url(url: str) -> None:

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from pysched import cron
+from pysched import cron, recurrence
 from pysched.admission import JobRejected, admit
 from pysched.catchup import count_missed
 from pysched.clock import Clock, SystemClock
 from pysched.declare import job_of
-from pysched.model import CronSchedule, Job, OnceSchedule, PythonTarget
+from pysched.model import CronSchedule, IntervalSchedule, Job, OnceSchedule, PythonTarget
 from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
 from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
 from pysched.registry import register, register_many, reschedule
@@ -58,7 +58,7 @@ class AddedMany:
 
 @dataclass(frozen=True, slots=True)
 class Fire:
-    """One coming fire of a cron schedule: its schedule time, its due time
+    """One coming fire of a recurring schedule: its schedule time, its due time
     with the job's jitter (None for an expression alone), and what the zone's
     DST rule did to it (moved, merged, repeated), if anything."""
 
@@ -69,8 +69,7 @@ class Fire:
 
 @dataclass(frozen=True, slots=True)
 class Preview:
-    expr: str
-    tz: str
+    schedule: recurrence.Recurring
     jitter_ms: int | None
     fires: tuple[Fire, ...]
 
@@ -131,21 +130,23 @@ class PartitionLeader:
     expires_at_ms: int | None
 
 
-def coming_fires(expr: str, tz: str, after_ms: int, count: int, jitter_ms: int | None = None) -> tuple[Fire, ...]:
-    """The next ``count`` fires of a valid expression after ``after_ms``
+def coming_fires(
+    schedule: recurrence.Recurring, after_ms: int, count: int, jitter_ms: int | None = None
+) -> tuple[Fire, ...]:
+    """The next ``count`` fires of a valid schedule after ``after_ms``
     (fewer if it has no more), with their due times when ``jitter_ms`` is
     given."""
     fires: list[Fire] = []
     at: int | None = after_ms
     while len(fires) < count:
-        at = cron.next_after(expr, tz, at) if at is not None else None
+        at = recurrence.next_after(schedule, at) if at is not None else None
         if at is None:
             break
-        fires.append(Fire(at, None if jitter_ms is None else at + jitter_ms, cron.dst_note(expr, tz, at)))
+        fires.append(Fire(at, None if jitter_ms is None else at + jitter_ms, recurrence.dst_note(schedule, at)))
     return tuple(fires)
 
 
-def _not_past(schedule: CronSchedule | OnceSchedule, now_ms: int, field: str) -> None:
+def _not_past(schedule: CronSchedule | IntervalSchedule | OnceSchedule, now_ms: int, field: str) -> None:
     """A one-shot's time is now or ahead (a second's slack for the clocks of
     the caller and this machine); one long past would fire at once, late."""
     if isinstance(schedule, OnceSchedule) and schedule.run_at_ms < now_ms - PAST_SLACK_MS:
@@ -321,25 +322,40 @@ class Client:
         *,
         cron_expr: str | None = None,
         tz: str | None = None,
+        every: str | float | None = None,
         count: int = 10,
         after_ms: int | None = None,
     ) -> Preview:
-        """The next ``count`` fires of a registered cron job (with its
-        jittered due times) or of an expression. Raises InvalidJob for a bad
-        expression or zone, or a one-shot job; JobNotFound."""
-        if (job_id is None) == (cron_expr is None):
-            raise ValueError("give a job id or a cron expression, not both" if job_id else "give a job id or a cron")
+        """The next ``count`` fires of a registered recurring job (with its
+        jittered due times), of a cron expression (in zone ``tz``) or of an
+        interval (``every``: seconds or a duration such as "5m"). Raises
+        InvalidJob for a bad expression, zone or interval, or a one-shot
+        job; JobNotFound."""
+        given = [
+            name for name, value in (("job id", job_id), ("cron", cron_expr), ("every", every)) if value is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "give one of a job id, a cron expression and an interval" + (f"; got {given}" if given else "")
+            )
         if not 1 <= count <= MAX_PREVIEW:
             raise InvalidJob((Problem("count", f"from 1 to {MAX_PREVIEW:,}; got {count}"),))
         jitter_ms: int | None = None
+        schedule: recurrence.Recurring
         if job_id is not None:
             if tz is not None:
                 raise InvalidJob((Problem("tz", "a registered job has its own zone"),))
             rec = self.store.get_job(job_id)
-            schedule = rec.job.schedule
-            if not isinstance(schedule, CronSchedule):
-                raise InvalidJob((Problem("schedule", f"{job_id} is a one-shot job, not a cron schedule"),))
-            expr, zone, jitter_ms = schedule.expr, schedule.tz, rec.jitter_ms
+            if not recurrence.is_recurring(rec.job.schedule):
+                raise InvalidJob((Problem("schedule", f"{job_id} is a one-shot job, not a recurring schedule"),))
+            schedule, jitter_ms = rec.job.schedule, rec.jitter_ms
+        elif every is not None:
+            if tz is not None:
+                raise InvalidJob((Problem("tz", "an interval counts elapsed time, in no zone"),))
+            try:
+                schedule = IntervalSchedule.model_validate({"every_s": every})
+            except ValidationError as exc:
+                raise invalid_from_validation(exc) from None
         else:
             assert cron_expr is not None
             expr, zone = cron_expr, tz or "UTC"
@@ -348,8 +364,9 @@ class Client:
                     check()
                 except cron.CronError as exc:
                     raise InvalidJob((Problem(field, str(exc)),)) from None
+            schedule = CronSchedule(expr=expr, tz=zone)
         start = self.clock.now_ms() if after_ms is None else after_ms
-        return Preview(expr, zone, jitter_ms, coming_fires(expr, zone, start, count, jitter_ms))
+        return Preview(schedule, jitter_ms, coming_fires(schedule, start, count, jitter_ms))
 
     def slo(self, job_id: str) -> SloReport:
         """The job's fire-lag objective against the runs the store keeps of
@@ -405,14 +422,19 @@ class Client:
         policy."""
         return resume_job(self.store, job_id, self.clock.now_ms())
 
-    def reschedule(self, job_id: str, schedule: CronSchedule | OnceSchedule | Mapping[str, Any]) -> JobRecord:
+    def reschedule(
+        self, job_id: str, schedule: CronSchedule | IntervalSchedule | OnceSchedule | Mapping[str, Any]
+    ) -> JobRecord:
         """Give a job a new schedule (a schedule model or its JSON form);
         pending runs are replaced."""
+        new: CronSchedule | IntervalSchedule | OnceSchedule
         try:
-            if isinstance(schedule, CronSchedule | OnceSchedule):
+            if isinstance(schedule, CronSchedule | IntervalSchedule | OnceSchedule):
                 new = schedule
             elif schedule.get("kind") == "once":
                 new = OnceSchedule.model_validate(schedule)
+            elif schedule.get("kind") == "every":
+                new = IntervalSchedule.model_validate(schedule)
             else:
                 new = CronSchedule.model_validate(schedule)
         except ValidationError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -40,7 +40,9 @@ class InvalidDeclaration(InvalidJob):
 def job(
     *,
     cron: str | None = None,
+    every: str | float | timedelta | None = None,
     at: datetime | None = None,
+    start: datetime | None = None,
     tz: str = "UTC",
     id: str | None = None,
     jitter: float | None = None,
@@ -57,7 +59,10 @@ def job(
     downstream: str | None = None,
 ) -> Callable[[F], F]:
     """Declare the decorated module-level function a job: on ``cron`` (in
-    zone ``tz``) or once ``at`` a time (naive: in ``tz``). Its id is
+    zone ``tz``), ``every`` an interval (seconds, a `timedelta` or a
+    duration such as "90s", "5m", "1h30m"; from ``start`` if given, else
+    on the interval's multiples since 1970 UTC) or once ``at`` a time
+    (naive times in ``tz``). Its id is
     ``module.function`` unless ``id`` is given. The other arguments are
     the job's policies, as `pysched add` takes them: ``jitter`` (window in
     seconds), ``critical``, ``retries``, ``backoff`` (base and cap in
@@ -69,7 +74,9 @@ def job(
 
     options = {
         "cron": cron,
+        "every": every,
         "at": at,
+        "start": start,
         "tz": tz,
         "id": id,
         "jitter": jitter,
@@ -116,13 +123,15 @@ def job_of(target: Callable[..., Any] | str, **options: Any) -> Job:
         if getattr(target, "__module__", None) == "__main__" or not (isinstance(name, str) and name.isidentifier()):
             # Its id and ref would be refused too: this says why.
             raise InvalidDeclaration(ref, _where_problems(target))
-    cron, at, tz = options.get("cron"), options.get("at"), options.get("tz") or "UTC"
-    if (cron is None) == (at is None):
-        raise InvalidDeclaration(ref, (Problem("schedule", "give exactly one of cron= and at="),))
+    cron, every, at = options.get("cron"), options.get("every"), options.get("at")
+    if sum(value is not None for value in (cron, every, at)) != 1:
+        raise InvalidDeclaration(ref, (Problem("schedule", "give exactly one of cron=, every= and at="),))
+    if options.get("start") is not None and every is None:
+        raise InvalidDeclaration(ref, (Problem("schedule.start", "start= goes with every="),))
     slo = options.get("slo")
     spec: dict[str, Any] = {
         "id": options.get("id") or default_id,
-        "schedule": _schedule(cron, at, tz, ref),
+        "schedule": _schedule(options, ref),
         "target": {"kind": "python", "ref": ref},
         "critical": bool(options.get("critical")),
         "retry": _retry(options.get("retries"), options.get("backoff"), options.get("retry_on"), ref),
@@ -186,18 +195,33 @@ def _where_problems(func: Callable[..., Any]) -> tuple[Problem, ...]:
     return ()
 
 
-def _schedule(cron: str | None, at: datetime | None, tz: str, ref: str) -> dict[str, Any]:
-    if cron is not None:
-        return {"kind": "cron", "expr": cron, "tz": tz}
-    assert at is not None
-    if at.tzinfo is None:
+def _schedule(options: Mapping[str, Any], ref: str) -> dict[str, Any]:
+    tz = options.get("tz") or "UTC"
+    if options.get("cron") is not None:
+        return {"kind": "cron", "expr": options["cron"], "tz": tz}
+    every = options.get("every")
+    if every is not None:
+        interval: dict[str, Any] = {
+            "kind": "every",
+            "every_s": every.total_seconds() if isinstance(every, timedelta) else every,
+        }
+        if options.get("start") is not None:
+            interval["start_ms"] = _epoch_ms(options["start"], tz, "schedule.start", ref)
+        return interval
+    return {"kind": "once", "run_at_ms": _epoch_ms(options["at"], tz, "schedule.at", ref)}
+
+
+def _epoch_ms(when: datetime, tz: str, field: str, ref: str) -> int:
+    if not isinstance(when, datetime):
+        raise InvalidDeclaration(ref, (Problem(field, f"a datetime; got {when!r}"),))
+    if when.tzinfo is None:
         from pysched import cron as cron_rules
 
         try:
-            at = at.replace(tzinfo=cron_rules.zone(tz))
+            when = when.replace(tzinfo=cron_rules.zone(tz))
         except cron_rules.CronError as exc:
             raise InvalidDeclaration(ref, (Problem("schedule.tz", str(exc)),)) from None
-    return {"kind": "once", "run_at_ms": int(at.timestamp() * 1000)}
+    return int(when.timestamp() * 1000)
 
 
 def _retry(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from pysched import catchup
 from pysched.admission import admit, check_schedule
-from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched.model import Job, Schedule
 from pysched.planning import first_run, jitter_for, partition_for
 from pysched.protocols import JobNotActive, JobRecord, Registration, ScheduleStore
 
@@ -36,7 +36,7 @@ def register_many(store: ScheduleStore, jobs: Sequence[Job], now_ms: int) -> lis
     return store.add_jobs(items, now_ms)
 
 
-def reschedule(store: ScheduleStore, job_id: str, schedule: CronSchedule | OnceSchedule, now_ms: int) -> JobRecord:
+def reschedule(store: ScheduleStore, job_id: str, schedule: Schedule, now_ms: int) -> JobRecord:
     check_schedule(schedule, now_ms)
     current = store.get_job(job_id).job
     return replace(store, Job.model_validate({**current.model_dump(), "schedule": schedule.model_dump()}), now_ms)

@@ -82,7 +82,9 @@ def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> No
     assert api.put("/jobs/kept/schedule", json={"kind": "cron", "expr": "* * 32 * *"}).status_code == 422
     assert api.get("/jobs/kept/runs", params={"limit": 0}).json()["detail"][0]["field"] == "limit"
     assert api.get("/preview", params={"cron": "* *"}).status_code == 422
-    assert api.get("/preview").json()["detail"] == [{"field": "cron", "message": "Field required"}]
+    assert api.get("/preview").json()["detail"] == [
+        {"field": "cron", "message": "give a cron expression, or an interval as every"}
+    ]
     typo = api.post("/dead-letters/redrive", json={"al": True})
     assert typo.status_code == 422 and typo.json()["detail"][0]["field"] == "al"
     # A bare list is the batch itself; its fields are named as in {"jobs": [...]}.

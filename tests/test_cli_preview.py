@@ -51,7 +51,9 @@ def test_preview_a_registered_job_shows_its_due_times(db_path: Path) -> None:
         (["--cron", "* * * * *", "--tz", "America"], "--tz: unknown time zone 'America'"),
         (["--cron", "* * * * *", "--from", "soon"], "--from: not an ISO 8601 time"),
         (["--cron", "* * * * *", "--count", "0"], "--count"),
-        ([], "give a job ID or --cron"),
+        ([], "give one of a job ID, --cron and --every"),
+        (["--every", "fortnightly"], "--every: 'fortnightly' is not a duration"),
+        (["--every", "5m", "--cron", "* * * * *"], "(got --cron, --every)"),
     ],
 )
 def test_preview_refuses_bad_input(db_path: Path, args: list[str], message: str) -> None:

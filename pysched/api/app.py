@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pysched.api.guard import MAX_BODY_BYTES, BearerToken, BodyLimit, CrossSiteWrites, LoopbackHosts
 from pysched.api.ui import LOGIN_PATH, OPEN_PATHS, PAGE_PATHS, dashboard
 from pysched.client import MAX_PREVIEW, Client, Preview, RunKey
-from pysched.model import CronSchedule, Job, OnceSchedule
+from pysched.model import CronSchedule, IntervalSchedule, Job, OnceSchedule
 from pysched.problems import InvalidJob, Problem, problems_from_errors
 from pysched.protocols import JobExists, JobNotActive, JobNotFound, RunNotFound
 from pysched.views import dead_letter_json, iso, job_json, last_run_json, run_json, slo_json
@@ -118,9 +118,13 @@ def _run_key(text: str) -> RunKey:
 
 
 def _preview_json(shown: Preview) -> dict[str, Any]:
+    schedule = shown.schedule
+    if isinstance(schedule, CronSchedule):
+        what: dict[str, Any] = {"expr": schedule.expr, "tz": schedule.tz}
+    else:
+        what = {"every_s": schedule.every_s, "start_at": iso(schedule.start_ms)}
     return {
-        "expr": shown.expr,
-        "tz": shown.tz,
+        **what,
         "jitter_ms": shown.jitter_ms,
         "fires": [{"at": iso(f.at_ms), "due_at": iso(f.due_ms), "dst": f.dst} for f in shown.fires],
     }
@@ -208,17 +212,25 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
 
     @app.put("/jobs/{job_id}/schedule", tags=["jobs"])
     def reschedule_job(
-        job_id: JobIdPath, schedule: Annotated[CronSchedule | OnceSchedule, Body(discriminator="kind")]
+        job_id: JobIdPath,
+        schedule: Annotated[CronSchedule | IntervalSchedule | OnceSchedule, Body(discriminator="kind")],
     ) -> dict[str, Any]:
         return job_json(client.reschedule(job_id, schedule))
 
     @app.get("/preview", tags=["jobs"])
     def preview(
-        cron: Annotated[str, Query(max_length=1000)],
-        tz: Annotated[str, Query(max_length=100)] = "UTC",
+        cron: Annotated[str | None, Query(max_length=1000)] = None,
+        tz: Annotated[str | None, Query(max_length=100)] = None,
+        every: Annotated[str | None, Query(max_length=100, description="seconds, or such as 90s, 5m, 1h30m")] = None,
         count: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10,
     ) -> dict[str, Any]:
-        return _preview_json(client.preview(cron_expr=cron, tz=tz, count=count))
+        """The next fires of a cron expression (in zone ``tz``, default UTC)
+        or of an interval (``every``)."""
+        if (cron is None) == (every is None):
+            raise InvalidJob((Problem("cron", "give a cron expression, or an interval as every"),))
+        if every is not None:
+            return _preview_json(client.preview(every=every, tz=tz, count=count))
+        return _preview_json(client.preview(cron_expr=cron, tz=tz or "UTC", count=count))
 
     @app.get("/dead-letters", tags=["dead letters"])
     def dead_letters(limit: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> list[dict[str, Any]]:

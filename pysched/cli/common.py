@@ -16,6 +16,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from pysched import durations
 from pysched.client import Client
 from pysched.clock import SystemClock
 from pysched.config import ClusterConfig, ConfigError
@@ -58,6 +59,8 @@ FLAG_FOR_FIELD = {
     "schedule.expr": "--cron",
     "schedule.tz": "--tz",
     "schedule.run_at_ms": "--at",
+    "schedule.every_s": "--every",
+    "schedule.start_ms": "--start",
     "target.command": "--shell",
     "target.ref": "--python",
     "target.url": "--http",
@@ -176,3 +179,15 @@ def echo_json(value: Any) -> None:
 
 def db_default() -> str:
     return os.environ.get("PYSCHED_DB", DEFAULT_DB)
+
+
+def every_seconds(text: str) -> float:
+    """--every's interval in seconds, or a failure naming the flag."""
+    try:
+        seconds = durations.parse_seconds(text)
+    except ValueError as exc:
+        fail(f"--every: {exc}")
+    if not durations.MIN_INTERVAL_S <= seconds <= durations.MAX_INTERVAL_S:
+        shortest, longest = (durations.format_seconds(s) for s in (durations.MIN_INTERVAL_S, durations.MAX_INTERVAL_S))
+        fail(f"--every: from {shortest} to {longest}; got {text}")
+    return seconds

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pysched import cron
+from pysched import cron, recurrence
 from pysched.admission import MAX_AHEAD_MS, MAX_AHEAD_YEARS, PAYLOAD_LIMIT_BYTES
 from pysched.breakers import BreakerPolicy
 from pysched.cli.breakers import budget_json
@@ -27,6 +27,7 @@ from pysched.cli.common import (
     JsonOption,
     console,
     echo_json,
+    every_seconds,
     fail,
     fail_invalid,
     open_client,
@@ -41,6 +42,7 @@ from pysched.model import (
     DEFAULT_MAX_DELAY_S,
     OVERLAP_POLICIES,
     CronSchedule,
+    IntervalSchedule,
     Job,
     RetryPolicy,
 )
@@ -63,44 +65,76 @@ def _zone_name(tz: str | None) -> str | None:
     return tz
 
 
-def _parse_at(value: str, tz: str | None) -> int:
+def _parse_at(value: str, tz: str | None, flag: str) -> int:
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
-        fail(f"--at: not an ISO 8601 time: {value!r}")
+        fail(f"{flag}: not an ISO 8601 time: {value!r}")
     if when.tzinfo is not None and tz is not None:
-        fail(f"--tz: does not apply to an --at with its own offset ({value})")
+        fail(f"--tz: does not apply to an {flag} with its own offset ({value})")
     try:
         if when.tzinfo is None:
             when = when.replace(tzinfo=cron.zone(tz)) if tz else when.astimezone()
-        return int(when.timestamp() * 1000)
+        at_ms = int(when.timestamp() * 1000)
     except (OverflowError, OSError, ValueError):
-        fail(f"--at: {value!r} is out of range")
+        fail(f"{flag}: {value!r} is out of range")
+    if at_ms < 0:
+        fail(f"{flag}: {value!r} is before 1970")
+    return at_ms
 
 
-def _schedule(
-    cron_expr: str | None, tz: str | None, at: str | None, in_s: float | None, keep_tz: str = "UTC"
-) -> dict[str, Any]:
-    given = [name for name, v in (("--cron", cron_expr), ("--at", at), ("--in", in_s)) if v is not None]
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """The flags that say when a job runs: one of --cron, --every, --at and
+    --in, with --tz and --start as their companions."""
+
+    cron_expr: str | None = None
+    tz: str | None = None
+    at: str | None = None
+    in_s: float | None = None
+    every: str | None = None
+    start: str | None = None
+
+
+def _schedule(flags: ScheduleOptions, keep_tz: str = "UTC") -> dict[str, Any]:
+    given = [
+        name
+        for name, v in (("--cron", flags.cron_expr), ("--every", flags.every), ("--at", flags.at), ("--in", flags.in_s))
+        if v is not None
+    ]
     if len(given) != 1:
-        fail("give exactly one of --cron, --at, --in" + (f" (got {', '.join(given)})" if given else ""))
-    tz = _zone_name(tz)
-    if cron_expr is not None:
-        return {"kind": "cron", "expr": cron_expr, "tz": tz or keep_tz}
+        fail("give exactly one of --cron, --every, --at, --in" + (f" (got {', '.join(given)})" if given else ""))
+    if flags.start is not None and flags.every is None:
+        fail("--start: goes with --every")
+    tz = _zone_name(flags.tz)
+    if flags.cron_expr is not None:
+        return {"kind": "cron", "expr": flags.cron_expr, "tz": tz or keep_tz}
+    if flags.every is not None:
+        return _interval(flags.every, flags.start, tz)
     now = _now_ms()
-    if in_s is not None:
+    if flags.in_s is not None:
+        in_s = flags.in_s
         if tz is not None:
             fail("--tz: does not apply to --in, a delay in seconds")
         if not math.isfinite(in_s) or not 0 <= in_s <= MAX_AHEAD_MS / 1000:
             fail(f"--in: seconds from now, from 0 to {MAX_AHEAD_MS // 1000:,} ({MAX_AHEAD_YEARS} years); got {in_s}")
         return {"kind": "once", "run_at_ms": now + round(in_s * 1000)}
-    assert at is not None
-    run_at = _parse_at(at, tz)
+    assert flags.at is not None
+    run_at = _parse_at(flags.at, tz, "--at")
     if run_at < now - 1_000:
         fail(f"--at: {iso(run_at)} is in the past")
     if run_at > now + MAX_AHEAD_MS:
-        fail(f"--at: {at} is more than {MAX_AHEAD_YEARS} years ahead")
+        fail(f"--at: {flags.at} is more than {MAX_AHEAD_YEARS} years ahead")
     return {"kind": "once", "run_at_ms": run_at}
+
+
+def _interval(every: str, start: str | None, tz: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"kind": "every", "every_s": every_seconds(every)}
+    if start is not None:
+        spec["start_ms"] = _parse_at(start, tz, "--start")
+    elif tz is not None:
+        fail("--tz: an interval counts elapsed time; it applies only to a naive --start")
+    return spec
 
 
 @dataclass(frozen=True)
@@ -220,6 +254,8 @@ def _describe(rec: JobRecord) -> str:
     sched = rec.job.schedule
     if isinstance(sched, CronSchedule):
         return f"cron {sched.expr!r} {sched.tz}"
+    if isinstance(sched, IntervalSchedule):
+        return recurrence.describe(sched, None if sched.start_ms is None else iso(sched.start_ms))
     return f"once at {iso(sched.run_at_ms)}"
 
 
@@ -285,7 +321,21 @@ def add(
     cron_expr: Annotated[
         str | None, typer.Option("--cron", help="Cron expression, 5 fields or 6 with seconds first.")
     ] = None,
-    tz: Annotated[str | None, typer.Option("--tz", help="Time zone of --cron (and of a naive --at).")] = None,
+    tz: Annotated[
+        str | None, typer.Option("--tz", help="Time zone of --cron (and of a naive --at or --start).")
+    ] = None,
+    every: Annotated[
+        str | None,
+        typer.Option(
+            "--every",
+            metavar="DURATION",
+            help="Run at this interval: seconds, or such as 90s, 5m, 1h30m, 2d (on its multiples since 1970 UTC"
+            " unless --start is given).",
+        ),
+    ] = None,
+    start: Annotated[
+        str | None, typer.Option("--start", help="ISO 8601 time of --every's first run (default: see --every).")
+    ] = None,
     at: Annotated[str | None, typer.Option("--at", help="One run at this ISO 8601 time.")] = None,
     in_s: Annotated[float | None, typer.Option("--in", help="One run this many seconds from now.")] = None,
     shell: Annotated[str | None, typer.Option("--shell", help="Shell command to run.")] = None,
@@ -319,7 +369,7 @@ def add(
         ),
     ] = None,
     jitter: Annotated[
-        float | None, typer.Option("--jitter", help="Jitter window in seconds (cron default 60).")
+        float | None, typer.Option("--jitter", help="Jitter window in seconds (default 60 for --cron and --every).")
     ] = None,
     critical: Annotated[bool, typer.Option("--critical", help="Time-critical: no jitter.")] = False,
     retries: Annotated[
@@ -412,7 +462,7 @@ def add(
         target["timeout_s"] = timeout
     spec: dict[str, Any] = {
         "id": job_id,
-        "schedule": _schedule(cron_expr, tz, at, in_s),
+        "schedule": _schedule(ScheduleOptions(cron_expr, tz, at, in_s, every, start)),
         "target": target,
         "critical": critical,
         "retry": _retry_policy(retries, backoff, retry_on),
@@ -525,7 +575,7 @@ def show(
     for key, value in data.items():
         if key in _DESCRIBED:
             continue  # said in words below
-        typer.echo(f"{key:>14}: {_shown(value)}")
+        typer.echo(f"{key:>14}: {_describe(rec) if key == 'schedule' else _shown(value)}")
     typer.echo(
         f"{'retry budget':>14}: {budget['retries_last_minute']} of {budget['retry_budget_last_minute']} retries"
         f" of {data['downstream']} used in the last minute ({policy.budget_ratio:.0%} of first attempts plus"
@@ -636,7 +686,13 @@ def trigger(
 def reschedule_cmd(
     job_id: Annotated[str, typer.Argument(metavar="ID")],
     cron_expr: Annotated[str | None, typer.Option("--cron", help="New cron expression.")] = None,
-    tz: Annotated[str | None, typer.Option("--tz", help="Time zone of --cron.")] = None,
+    tz: Annotated[
+        str | None, typer.Option("--tz", help="Time zone of --cron (and of a naive --at or --start).")
+    ] = None,
+    every: Annotated[
+        str | None, typer.Option("--every", metavar="DURATION", help="New interval, such as 90s, 5m, 1h30m.")
+    ] = None,
+    start: Annotated[str | None, typer.Option("--start", help="ISO 8601 time of --every's first run.")] = None,
     at: Annotated[str | None, typer.Option("--at", help="New one-shot ISO 8601 time.")] = None,
     in_s: Annotated[float | None, typer.Option("--in", help="New one-shot delay in seconds.")] = None,
     db: DbOption = DEFAULT_DB,
@@ -650,7 +706,10 @@ def reschedule_cmd(
         current = client.get(job_id).job.schedule
     except JobNotFound as exc:
         fail(str(exc), EXIT_NO_SUCH_JOB)
-    spec = _schedule(cron_expr, tz, at, in_s, keep_tz=current.tz if isinstance(current, CronSchedule) else "UTC")
+    spec = _schedule(
+        ScheduleOptions(cron_expr, tz, at, in_s, every, start),
+        keep_tz=current.tz if isinstance(current, CronSchedule) else "UTC",
+    )
     try:
         rec = client.reschedule(job_id, spec)
     except InvalidJob as exc:

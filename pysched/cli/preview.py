@@ -1,5 +1,5 @@
-"""`pysched preview`: the next fires of an expression or a registered job,
-with what the DST rule did to each."""
+"""`pysched preview`: the next fires of an expression, an interval or a
+registered job, with what the DST rule did to each."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pysched import cron
+from pysched import cron, recurrence
 from pysched.cli.common import (
     CLOCK,
     DEFAULT_DB,
@@ -19,11 +19,12 @@ from pysched.cli.common import (
     JsonOption,
     console,
     echo_json,
+    every_seconds,
     fail,
     open_store,
 )
 from pysched.client import coming_fires
-from pysched.model import CronSchedule
+from pysched.model import CronSchedule, IntervalSchedule
 from pysched.protocols import JobNotFound
 
 MAX_COUNT = 1_000
@@ -57,9 +58,11 @@ def _start(value: str | None, tz: str) -> int:
 _YEAR_9000_MS = int(datetime(9000, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
 
-def _fires(expr: str, tz: str, after_ms: int, count: int, jitter_ms: int | None) -> list[dict[str, Any]]:
+def _fires(
+    schedule: recurrence.Recurring, tz: str, after_ms: int, count: int, jitter_ms: int | None
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for fire in coming_fires(expr, tz, after_ms, count, jitter_ms):
+    for fire in coming_fires(schedule, after_ms, count, jitter_ms):
         row: dict[str, Any] = {"local": _local(fire.at_ms, tz), "utc": _utc(fire.at_ms)}
         if fire.due_ms is not None:
             row["due_utc"] = _utc(fire.due_ms)
@@ -69,9 +72,16 @@ def _fires(expr: str, tz: str, after_ms: int, count: int, jitter_ms: int | None)
 
 
 def preview(
-    job_id: Annotated[str | None, typer.Argument(metavar="[ID]", help="A registered job (else give --cron).")] = None,
+    job_id: Annotated[
+        str | None, typer.Argument(metavar="[ID]", help="A registered job (else give --cron or --every).")
+    ] = None,
     cron_expr: Annotated[str | None, typer.Option("--cron", help="Cron expression to preview.")] = None,
-    tz: Annotated[str | None, typer.Option("--tz", help="Time zone of --cron (default UTC).")] = None,
+    every: Annotated[
+        str | None, typer.Option("--every", metavar="DURATION", help="Interval to preview, such as 90s, 5m, 1h30m.")
+    ] = None,
+    tz: Annotated[
+        str | None, typer.Option("--tz", help="Time zone of --cron, and of the times shown (default UTC).")
+    ] = None,
     count: Annotated[int, typer.Option("--count", min=1, max=MAX_COUNT, help="How many fires.")] = 10,
     start: Annotated[
         str | None, typer.Option("--from", help="ISO 8601 time to start after (naive: in the zone); default now.")
@@ -83,8 +93,10 @@ def preview(
     """The next fires as local and UTC times (and a job's jittered due
     times), marking those the DST rule moved, merged or repeated."""
     jitter_ms: int | None = None
-    if (job_id is None) == (cron_expr is None):
-        fail("give a job ID or --cron, not both" if job_id else "give a job ID or --cron")
+    given = [name for name, value in (("ID", job_id), ("--cron", cron_expr), ("--every", every)) if value]
+    if len(given) != 1:
+        fail("give one of a job ID, --cron and --every" + (f" (got {', '.join(given)})" if given else ""))
+    schedule: recurrence.Recurring
     if job_id is not None:
         if tz is not None:
             fail("--tz: a registered job has its own zone")
@@ -92,30 +104,36 @@ def preview(
             rec = open_store(db, config, access="read").get_job(job_id)
         except JobNotFound as exc:
             fail(str(exc), EXIT_NO_SUCH_JOB)
-        if rec.state in ("cancelled", "completed") and isinstance(rec.job.schedule, CronSchedule):
+        sched = rec.job.schedule
+        if not recurrence.is_recurring(sched):
+            fail(f"{job_id}: a one-shot job, not a recurring schedule: its one run is {_utc(sched.run_at_ms)}")
+        if rec.state in ("cancelled", "completed"):
             # Its schedule would go on; the job does not.
             if as_json:
-                echo_json({"expr": rec.job.schedule.expr, "tz": rec.job.schedule.tz, "state": rec.state, "fires": []})
+                echo_json({**_schedule_json(sched), "state": rec.state, "fires": []})
             else:
                 typer.echo(f"{job_id} is {rec.state}: it fires no more")
             return
-        if not isinstance(rec.job.schedule, CronSchedule):
-            fail(f"{job_id}: a one-shot job, not a cron schedule: its one run is {_utc(rec.job.schedule.run_at_ms)}")
-        cron_expr, zone_name, jitter_ms = rec.job.schedule.expr, rec.job.schedule.tz, rec.jitter_ms
+        schedule, jitter_ms = sched, rec.jitter_ms
+        zone_name = sched.tz if isinstance(sched, CronSchedule) else "UTC"
     else:
-        assert cron_expr is not None
         zone_name = tz or "UTC"
         try:
             cron.zone(zone_name)
         except cron.CronError as exc:
             fail(f"--tz: {exc}")
-        try:
-            cron.validate(cron_expr, zone_name)
-        except cron.CronError as exc:
-            fail(f"--cron: {exc}")
-    rows = _fires(cron_expr, zone_name, _start(start, zone_name), count, jitter_ms)
+        if every is not None:
+            schedule = IntervalSchedule(every_s=every_seconds(every))
+        else:
+            assert cron_expr is not None
+            try:
+                cron.validate(cron_expr, zone_name)
+            except cron.CronError as exc:
+                fail(f"--cron: {exc}")
+            schedule = CronSchedule(expr=cron_expr, tz=zone_name)
+    rows = _fires(schedule, zone_name, _start(start, zone_name), count, jitter_ms)
     if as_json:
-        echo_json({"expr": cron_expr, "tz": zone_name, "jitter_ms": jitter_ms, "fires": rows})
+        echo_json({**_schedule_json(schedule), "jitter_ms": jitter_ms, "fires": rows})
         return
     columns = [f"local ({zone_name})", "UTC"] + (["due (UTC)"] if jitter_ms is not None else []) + ["DST"]
     table = Table(*columns)
@@ -124,6 +142,12 @@ def preview(
     console().print(table)
     if not rows:
         typer.echo("no fires within the next 100 years")
+
+
+def _schedule_json(schedule: recurrence.Recurring) -> dict[str, Any]:
+    if isinstance(schedule, CronSchedule):
+        return {"expr": schedule.expr, "tz": schedule.tz}
+    return {"every_s": schedule.every_s, "start_utc": None if schedule.start_ms is None else _utc(schedule.start_ms)}
 
 
 def register_commands(app: typer.Typer) -> None:

@@ -18,17 +18,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import quote
 
-from pysched import cron
+from pysched import recurrence
 from pysched.api.ui.html import Cell, Html, Part, Post, part_html, tag
 from pysched.catchup import count_missed
 from pysched.client import Client, PartitionLeader, RunKey, coming_fires
-from pysched.model import CronSchedule
+from pysched.model import CronSchedule, OnceSchedule
 from pysched.protocols import OWED_AGAIN, JobNotFound, JobRecord, MissedRuns, RunRecord
 from pysched.views import iso, job_json
 
 DEFAULT_WINDOW_MIN = 60
 MAX_WINDOW_MIN = 24 * 60
-# Bounds on one overview: fires listed, cron jobs previewed and fires
+# Bounds on one overview: fires listed, recurring jobs previewed and fires
 # previewed per job (a once-a-minute job has 60 in an hour).
 MAX_UPCOMING = 200
 MAX_PREVIEWED_JOBS = 50
@@ -130,7 +130,7 @@ class Upcoming:
 
 def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: int) -> tuple[list[Upcoming], int]:
     """Fires due before now + window, soonest first: each active job's next
-    run, and the cron fires after it (coming_fires) of the soonest
+    run, and the fires after it (coming_fires) of the soonest
     `MAX_PREVIEWED_JOBS` jobs; and how many there are in all (at most
     `MAX_UPCOMING` are returned)."""
     end = now_ms + window_ms
@@ -144,15 +144,15 @@ def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: i
         assert rec.next_run is not None
         schedule = rec.job.schedule
         first = rec.next_run
-        dst = cron.dst_note(schedule.expr, schedule.tz, first.run_at_ms) if isinstance(schedule, CronSchedule) else None
+        dst = recurrence.dst_note(schedule, first.run_at_ms) if recurrence.is_recurring(schedule) else None
         fires.append(Upcoming(rec.job.id, first.run_at_ms, first.due_ms, rec.partition, dst))
         # Counted whole, whatever is listed: a job firing every 5 s fires
         # 720 times an hour, though 120 are shown.
-        total += 1 if not isinstance(schedule, CronSchedule) else fires_within(rec, end)
-        if not isinstance(schedule, CronSchedule) or n >= MAX_PREVIEWED_JOBS:
+        total += fires_within(rec, end) if recurrence.is_recurring(schedule) else 1
+        if not recurrence.is_recurring(schedule) or n >= MAX_PREVIEWED_JOBS:
             continue
         # From the record in hand: no read of the job again.
-        for fire in coming_fires(schedule.expr, schedule.tz, first.run_at_ms, MAX_FIRES_PER_JOB, rec.jitter_ms):
+        for fire in coming_fires(schedule, first.run_at_ms, MAX_FIRES_PER_JOB, rec.jitter_ms):
             if fire.at_ms > end:
                 break
             fires.append(Upcoming(rec.job.id, fire.at_ms, fire.due_ms or fire.at_ms, rec.partition, fire.dst))
@@ -161,7 +161,7 @@ def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: i
 
 
 def fires_within(rec: JobRecord, end_ms: int) -> int:
-    """How many fires of a cron job are due from its next run to ``end_ms``
+    """How many fires of a recurring job are due from its next run to ``end_ms``
     (estimated past ten thousand, as missed times are counted)."""
     assert rec.next_run is not None
     span = MissedRuns(rec.job.id, rec.next_run.run_at_ms, end_ms - rec.jitter_ms + 1, "")
@@ -310,7 +310,9 @@ def overview(client: Client, window_min: int) -> Page:
 
 def _schedule(rec: JobRecord) -> str:
     s = rec.job.schedule
-    return f"cron {s.expr} ({s.tz})" if isinstance(s, CronSchedule) else f"once at {clock(s.run_at_ms)}"
+    if isinstance(s, OnceSchedule):
+        return f"once at {clock(s.run_at_ms)}"
+    return recurrence.describe(s, None if isinstance(s, CronSchedule) or s.start_ms is None else clock(s.start_ms))
 
 
 # -- one job ------------------------------------------------------------------
@@ -359,7 +361,7 @@ def job_page(client: Client, job_id: str) -> Page:
         ),
         class_="definition",
     )
-    if isinstance(rec.job.schedule, CronSchedule) and rec.state == "active":
+    if recurrence.is_recurring(rec.job.schedule) and rec.state == "active":
         preview = client.preview(job_id, count=PREVIEW_FIRES)
         fire_rows = [
             [
