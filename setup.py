@@ -2,10 +2,17 @@
 setuptools-rust and the Cython modules through cythonize, in one install."""
 
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_namespace_packages, setup
 from setuptools_rust import Binding, RustExtension
 
 setup(
+    # The load generator's folder is loadgen/, its import name
+    # pysched_loadgen: the mapping installs the one as the other, and no
+    # top-level `loadgen` module ships. pyproject.toml's packages.find would
+    # name it by its folder, hence the list here; pysched's packages are found
+    # as that did (namespace folders included, like api/ui/static).
+    packages=[*find_namespace_packages(include=["pysched", "pysched.*"]), "pysched_loadgen"],
+    package_dir={"pysched_loadgen": "loadgen"},
     rust_extensions=[
         RustExtension(
             "pysched._native",

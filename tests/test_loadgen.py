@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,30 @@ def test_figures_count_from_the_ledger(tmp_path: Path) -> None:
 def test_percentiles_of_nothing_are_none() -> None:
     assert set(percentiles([]).values()) == {None}
     assert percentiles([5] * 10)["p99_ms"] == 5
+
+
+# From outside the checkout and without PYTHONPATH, so only what the install
+# provides is importable.
+INSTALLED_NAMES = """
+import importlib.util
+from pathlib import Path
+
+import pysched_loadgen
+
+print(Path(pysched_loadgen.__file__).resolve().parent.name)
+print(importlib.util.find_spec("loadgen") is not None)
+"""
+
+
+def test_the_loadgen_folder_installs_as_pysched_loadgen_alone(tmp_path: Path) -> None:
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, "-c", INSTALLED_NAMES], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    folder, loadgen_importable = proc.stdout.split()
+    assert folder == "loadgen", f"pysched_loadgen is installed from a folder named {folder!r}"
+    assert loadgen_importable == "False", "the install provides a top-level loadgen module"
 
 
 @pytest.mark.slow
