@@ -250,6 +250,19 @@ class FailedAttempt:
 OWED_AGAIN = frozenset({"retrying", "parked"})
 
 
+def shows_an_earlier_dispatch(run: RunRecord) -> bool:
+    """Whether the dispatch and start times ``run`` shows are an earlier
+    delivery's, not of its due time now, so that no fire lag, start lag or
+    duration can be taken from them: a run owed again (OWED_AGAIN), one
+    revived by a reschedule and not handed on since (scheduled), and one
+    cancelled while owed again. That last is told by its dispatch coming
+    before its due: a run is handed on at or after its due time, and a
+    retry's or a parking's due comes after the delivery that failed."""
+    if run.state in OWED_AGAIN or run.state == "scheduled":
+        return True
+    return run.state == "cancelled" and run.dispatched_at_ms is not None and run.dispatched_at_ms < run.due_ms
+
+
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     run_id: int

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pysched.model import Job
-from pysched.protocols import OWED_AGAIN, RunRecord
+from pysched.protocols import RunRecord, shows_an_earlier_dispatch
 
 _DAY_MS = 86_400_000
 # The windows burn rates are shown over: the short ones an alert reads.
@@ -65,7 +65,7 @@ def slo_report(job: Job, runs: Sequence[RunRecord], now_ms: int) -> SloReport:
     counted = [
         (r.due_ms, r.dispatched_at_ms - r.due_ms > target_ms)
         for r in runs
-        if r.dispatched_at_ms is not None and r.state not in OWED_AGAIN and window_start <= r.due_ms <= now_ms
+        if r.dispatched_at_ms is not None and not shows_an_earlier_dispatch(r) and window_start <= r.due_ms <= now_ms
     ]
     late = sum(1 for _, is_late in counted if is_late)
     burns = []

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from pysched.downstream import downstream_of
-from pysched.protocols import OWED_AGAIN, FailedAttempt, JobRecord, RunRecord
+from pysched.protocols import FailedAttempt, JobRecord, RunRecord, shows_an_earlier_dispatch
 from pysched.slo import SloReport
 
 
@@ -45,7 +45,7 @@ def job_json(rec: JobRecord) -> dict[str, Any]:
 
 
 def run_json(run: RunRecord) -> dict[str, Any]:
-    if run.state in OWED_AGAIN:
+    if shows_an_earlier_dispatch(run):
         run = replace(run, dispatched_at_ms=None, started_at_ms=None)
     return {
         "run_id": run.run_id,

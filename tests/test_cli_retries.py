@@ -3,6 +3,7 @@ real `pysched up`."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,27 @@ def test_a_run_waiting_for_its_retry_shows_no_lag_against_the_retrys_time() -> N
     shown = run_json(waiting)
     assert (shown["fire_lag_ms"], shown["start_lag_ms"], shown["duration_ms"]) == (None, None, None)
     assert shown["due_at"] is not None and shown["error"] == "exit status 1"
+
+
+def test_a_run_cancelled_while_waiting_for_its_retry_shows_no_lag_and_counts_for_no_slo(
+    tmp_path: Path, db_path: Path
+) -> None:
+    node = start_node(db_path, tmp_path, tmp_path / "node.log")
+    try:
+        cli(
+            "add", "doomed", "--in", "0.5", "--shell", "exit 3", "--retries", "2", "--backoff", "600:600",
+            db=db_path,
+        )  # fmt: skip
+        wait_for(lambda: _history(db_path, "doomed") == [("retrying", 1)], 30, "the first attempt to fail")
+        cli("cancel", "doomed", db=db_path)
+        (run,) = cli_json("history", "doomed", db=db_path)
+    finally:
+        stop_node(node)
+    # Its retry was due ten minutes on: the first delivery's times, kept in
+    # the row, are no lag against that due time, which it never reached.
+    assert run["state"] == "cancelled"
+    assert (run["fire_lag_ms"], run["start_lag_ms"], run["duration_ms"]) == (None, None, None)
+    assert run["due_at"] is not None and run["ended_at"] is not None
+    table = cli("history", "doomed", db=db_path).stdout
+    assert "cancelled" in table and not re.search(r"│ -\d", table), table
+    assert cli_json("slo", "doomed", db=db_path)["runs"] == 0

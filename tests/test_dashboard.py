@@ -217,3 +217,22 @@ def test_with_a_token_the_login_cookie_opens_the_pages_and_api_and_guards_writes
         http.cookies.set(TOKEN_COOKIE, cookie_value(TOKEN, now - COOKIE_TTL_S - 60))
         assert http.get("/jobs").status_code == 401
         assert "Max-Age=43200" in cookie
+
+
+def test_a_run_cancelled_while_waiting_for_its_retry_shows_no_lag_and_is_not_sampled(
+    http: TestClient, seeded: Seeded
+) -> None:
+    # Handed on and failed ten minutes ago, owed again in an hour, then
+    # cancelled: the row keeps the first delivery's times.
+    dispatched = NOW_MS - 600_000
+    cancelled = RunRecord(
+        9, "nightly", dispatched, NOW_MS + 3_600_000, "cancelled", 1, 1, dispatched, dispatched + 2, NOW_MS,
+        "w1", "exit status 3", None,
+    )  # fmt: skip
+    seeded.runs.append(cancelled)
+    live = http.get("/ui/jobs/nightly", params={"parts": 1}).json()
+    shown = [row for row in cells(live, "runs") if row[2] == "cancelled"]
+    assert [(row[4], row[5]) for row in shown] == [("", "")]
+    overview = http.get("/", params={"parts": 1}).json()
+    assert overview["parts"]["lag"]["caption"].startswith("4 runs sampled · p50 5 ms")
+    assert {row[0]: row[1] for row in cells(overview, "lag")}["early (< 0)"] == "0"

@@ -36,9 +36,10 @@ def run(due: int, lag_ms: int | None, state: str = "succeeded", run_id: int = 0)
 def test_a_late_run_in_a_hundred_spends_the_whole_budget_of_a_p99() -> None:
     runs = [run(NOW - i * 60_000, 5, run_id=i) for i in range(1, 99)]
     runs += [run(NOW - 30 * 60_000, 1_500), run(NOW - 5 * HOUR, 2_000)]
-    # Not counted: owed again (its handing-on was an earlier attempt's),
-    # never handed on, or outside the 30-day window.
+    # Not counted: owed again (its handing-on was an earlier attempt's), or
+    # cancelled so, never handed on, or outside the 30-day window.
     runs += [run(NOW - 60_000, -50_000, state="retrying"), run(NOW - 60_000, None, state="missed")]
+    runs += [run(NOW - 60_000, -50_000, state="cancelled")]
     runs += [run(NOW - 31 * 24 * HOUR, 99_000)]
     report = slo_report(job(), runs, NOW)
     assert (report.runs, report.late, report.fire_lag_ms, report.objective) == (100, 2, 1_000, 0.99)

@@ -23,7 +23,7 @@ from pysched.api.ui.html import Cell, Html, Part, Post, part_html, tag
 from pysched.catchup import count_missed
 from pysched.client import Client, PartitionLeader, RunKey, coming_fires
 from pysched.model import CronSchedule, OnceSchedule
-from pysched.protocols import OWED_AGAIN, JobNotFound, JobRecord, MissedRuns, RunRecord
+from pysched.protocols import JobNotFound, JobRecord, MissedRuns, RunRecord, shows_an_earlier_dispatch
 from pysched.views import iso, job_json
 
 DEFAULT_WINDOW_MIN = 60
@@ -43,9 +43,6 @@ PREVIEW_FIRES = 10
 DEAD_LETTERS = 500
 # Upper bounds of the lag buckets, in ms; below 0 is a run handed on early.
 LAG_BOUNDS_MS = (0, 10, 50, 100, 250, 500, 1_000, 5_000, 30_000)
-# Runs whose lags mean nothing: their times are an earlier attempt's (owed
-# again, or a run revived by a reschedule, not handed on since).
-_NO_LAG = OWED_AGAIN | {"scheduled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +90,7 @@ def relative(ms: int, now_ms: int) -> str:
 
 def fire_lag_ms(run: RunRecord) -> int | None:
     """How late the run left the scheduler against its jittered due time."""
-    if run.state in _NO_LAG or run.dispatched_at_ms is None:
+    if run.dispatched_at_ms is None or shows_an_earlier_dispatch(run):
         return None
     return run.dispatched_at_ms - run.due_ms
 
@@ -111,7 +108,7 @@ def _error(message: str | None) -> Cell:
 
 
 def _duration(run: RunRecord) -> str:
-    if run.state in _NO_LAG or run.started_at_ms is None or run.ended_at_ms is None:
+    if run.started_at_ms is None or run.ended_at_ms is None or shows_an_earlier_dispatch(run):
         return ""
     return span(run.ended_at_ms - run.started_at_ms)
 
