@@ -23,6 +23,7 @@ from pysched.admission import JobRejected, admit
 from pysched.catchup import count_missed
 from pysched.clock import Clock, SystemClock
 from pysched.declare import job_of
+from pysched.leader.guard import ranges
 from pysched.model import CronSchedule, IntervalSchedule, Job, OnceSchedule, PythonTarget
 from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
 from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
@@ -128,6 +129,53 @@ class PartitionLeader:
     holder: str | None
     fence: int | None
     expires_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LedTogether:
+    """The partitions one node leads (``holder`` None: those nobody leads),
+    for listings of a row a node rather than a row a partition."""
+
+    holder: str | None
+    partitions: tuple[int, ...]
+    # Each partition's fence, in the order of ``partitions`` (unled: none).
+    fences: tuple[int, ...]
+    # The soonest its leases run out (None: unled, or a lease with no set end).
+    expires_at_ms: int | None
+
+    @property
+    def partition_ranges(self) -> str:
+        """0-31,40,42-63"""
+        return ranges(self.partitions)
+
+    @property
+    def fence_span(self) -> str:
+        """The one fence, or the lowest and highest: 7, or 12..40."""
+        if not self.fences:
+            return ""
+        low, high = min(self.fences), max(self.fences)
+        return str(low) if low == high else f"{low}..{high}"
+
+
+def led_together(leaders: Iterable[PartitionLeader]) -> list[LedTogether]:
+    """`Client.leaders` grouped by node, in the order of their first
+    partitions; the partitions nobody leads last."""
+    by_holder: dict[str | None, list[PartitionLeader]] = {}
+    for led in sorted(leaders, key=lambda led: led.partition):
+        by_holder.setdefault(led.holder, []).append(led)
+    unled = by_holder.pop(None, [])
+    groups = [
+        LedTogether(
+            holder,
+            tuple(led.partition for led in led_here),
+            tuple(led.fence for led in led_here if led.fence is not None),
+            min((led.expires_at_ms for led in led_here if led.expires_at_ms), default=None),
+        )
+        for holder, led_here in by_holder.items()
+    ]
+    if unled:
+        groups.append(LedTogether(None, tuple(led.partition for led in unled), (), None))
+    return groups
 
 
 def coming_fires(
@@ -391,19 +439,36 @@ class Client:
                 shown.append(PartitionLeader(partition, lease.holder, lease.fence, lease.expires_at_ms or None))
         return shown
 
-    def _coordinator_leases(self) -> dict[int, Lease]:
-        store = self.store
+    def standing_by(self) -> list[str]:
+        """The nodes up that lead no partition now, sorted: an embedded node
+        waiting for the lease another holds, or a cluster node with no
+        share of the partitions (more nodes than partitions, or its share
+        still being handed over). One that stopped is gone at once; one that
+        died, once its lease's TTL has passed."""
         if self.config is None:
             from pysched.coord.local import SQLiteLeaseCoordinator
 
-            return SQLiteLeaseCoordinator(store.db).leaders()  # type: ignore[attr-defined]
+            local = SQLiteLeaseCoordinator(self.store.db)  # type: ignore[attr-defined]
+            return local.standing_by(self.clock.now_ms())
+        leading = {lease.holder for lease in self._etcd().leaders().values()}
+        return [node for node in self._etcd().members() if node not in leading]
+
+    def _coordinator_leases(self) -> dict[int, Lease]:
+        if self.config is None:
+            from pysched.coord.local import SQLiteLeaseCoordinator
+
+            return SQLiteLeaseCoordinator(self.store.db).leaders()  # type: ignore[attr-defined]
+        return self._etcd().leaders()
+
+    def _etcd(self) -> Coordinator:
         if self._coordinator is None:
             from pysched.config import load
             from pysched.coord.etcd import EtcdCoordinator
 
             # Opened once and kept: a dashboard asks every few seconds.
-            self._coordinator = EtcdCoordinator(load(Path(self.config)), partitions=store.partitions)
-        return self._coordinator.leaders()
+            assert self.config is not None  # the embedded engine has no etcd
+            self._coordinator = EtcdCoordinator(load(Path(self.config)), partitions=self.store.partitions)
+        return self._coordinator
 
     # -- changing -----------------------------------------------------------
 

@@ -311,3 +311,36 @@ def test_a_module_declares_only_its_own_functions(tmp_path: Path) -> None:
 
     assert declared_jobs(importlib.import_module(importer)) == []
     assert [j.id for j in declared_jobs(importlib.import_module(source))] == ["cleanup", f"{source}.report"]
+
+
+def test_a_node_up_that_leads_nothing_is_listed_standing_by_until_it_stops(client: Client) -> None:
+    coordinator: Any
+    if client.config is None:
+        from pysched.coord.local import SQLiteLeaseCoordinator
+
+        coordinator = SQLiteLeaseCoordinator(client.db)
+    else:
+        from pysched.config import load
+        from pysched.coord.etcd import EtcdCoordinator
+
+        coordinator = EtcdCoordinator(load(Path(client.config)), partitions=client.store.partitions)
+    try:
+        assert coordinator.poll("node-a", now_ms())
+        # Embedded: the lease is held. Cluster: node-b's share is node-a's
+        # until node-a's next poll hands it over.
+        assert coordinator.poll("node-b", now_ms()) == {}
+        assert client.standing_by() == ["node-b"]
+        assert {led.holder for led in client.leaders()} == {"node-a"}
+        coordinator.release("node-b")
+        assert client.standing_by() == []
+        if client.config is None:
+            # A standby that died: listed while its last poll's lease lasts.
+            coordinator.poll("node-c", now_ms() - coordinator.ttl_ms - 1)
+            assert client.standing_by() == []
+        coordinator.release("node-a")
+        assert {led.holder for led in client.leaders()} == {None}
+    finally:
+        for holder in ("node-a", "node-b"):
+            coordinator.release(holder)
+        if client.config is not None:
+            coordinator.close()

@@ -8,7 +8,9 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +49,7 @@ def test_standby_takes_over_after_kill_9_with_nothing_lost_or_doubled(tmp_path: 
         wait_for(lambda: backends.coordinator.current() is not None, 20, "a leader")
         second = start_node(db_path, tmp_path, tmp_path / "b.log")
         nodes = {first.pid: first, second.pid: second}
-        wait_for(lambda: "standby" in (tmp_path / "b.log").read_text(), 20, "the second node to stand by")
+        wait_for(lambda: "standby: partitions led by" in (tmp_path / "b.log").read_text(), 20, "the second to stand by")
         lease = backends.coordinator.current()
         assert lease is not None
         leader_pid = int(lease.holder.split(":")[1])
@@ -97,6 +99,47 @@ def test_standby_takes_over_after_kill_9_with_nothing_lost_or_doubled(tmp_path: 
         print(f"takeover after kill -9: {takeover_s:.2f} s")
     finally:
         for proc in (first, second):
+            if proc is not None:
+                stop_node(proc)
+
+
+def test_status_lists_a_standby_until_it_stops_or_dies(tmp_path: Path, db_path: Path) -> None:
+    def status() -> dict[str, Any]:
+        shown: dict[str, Any] = cli_json("status", db=db_path)
+        return shown
+
+    def holder_of(proc: subprocess.Popen[bytes]) -> Callable[[str], bool]:
+        return lambda holder: holder.split(":")[1] == str(proc.pid)
+
+    first = start_node(db_path, tmp_path, tmp_path / "a.log")
+    second = third = None
+    try:
+        # Read-only, status refuses a database the node has not made yet.
+        wait_for(lambda: cli("status", db=db_path, check=False).returncode == 0, 20, "the database")
+        wait_for(lambda: bool(status()["leaders"]), 20, "a leader", tmp_path / "a.log")
+        (leader,) = status()["leaders"]
+        assert holder_of(first)(leader) and status()["standby"] == []
+        second = start_node(db_path, tmp_path, tmp_path / "b.log")
+        third = start_node(db_path, tmp_path, tmp_path / "c.log")
+        wait_for(lambda: len(status()["standby"]) == 2, 30, "two nodes standing by", tmp_path / "b.log")
+        b, c = sorted(status()["standby"], key=holder_of(third))
+        assert holder_of(second)(b) and holder_of(third)(c) and list(status()["leaders"]) == [leader]
+        text = cli("status", db=db_path).stdout
+        assert f"leader: {leader}: 64 partitions (0-63), fence 1" in text
+        assert f"standby: {b}: up, leading no partitions" in text and f"standby: {c}:" in text
+        for log in ("b.log", "c.log"):
+            wait_for(lambda log=log: f"standby: partitions led by {leader}" in (tmp_path / log).read_text(), 20, log)
+        # Stopped, a standby is gone at once; killed, once its row runs out.
+        stop_node(second)
+        assert status()["standby"] == [c]
+        os.kill(third.pid, signal.SIGKILL)
+        third.wait(10)
+        wait_for(lambda: status()["standby"] == [], 30, "the killed standby to be gone")
+        stop_node(first)
+        assert status()["leaders"] == {}
+        assert cli("status", db=db_path).stdout.strip() == "leader: none"
+    finally:
+        for proc in (first, second, third):
             if proc is not None:
                 stop_node(proc)
 

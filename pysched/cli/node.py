@@ -29,6 +29,7 @@ from pysched.cli.common import (
     open_client,
 )
 from pysched.cli.signals import StopSignals
+from pysched.client import led_together
 from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_BUDGET_FLOOR, MAX_CATCH_UP_RATE, MAX_GRACE_S
 from pysched.demo import register_demo_jobs
 from pysched.leader import LeaderConfig, RunDispatched
@@ -467,26 +468,47 @@ def worker(
 
 
 def status(db: DbOption = DEFAULT_DB, config: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Who leads which partitions, with which fence, and the watermarks."""
+    """Who leads which partitions, with which fence, which nodes stand by,
+    and the watermarks."""
     # The store and the coordinator alone: no producer or consumer.
     client = open_client(db, config, access="read")
+    groups = led_together(client.leaders())
+    leading = [g for g in groups if g.holder is not None]
+    # Nobody leads these (an embedded lease that ran out, a cluster node gone).
+    unled = next((g for g in groups if g.holder is None), None)
+    standing_by = client.standing_by()
     by_holder: dict[str, dict[str, list[int]]] = {}
-    for led in client.leaders():
-        if led.holder is not None:  # else nobody leads it (an embedded lease that ran out)
-            by_holder.setdefault(led.holder, {}).setdefault(str(led.fence), []).append(led.partition)
+    for group in leading:
+        for partition, fence in zip(group.partitions, group.fences, strict=True):
+            by_holder.setdefault(str(group.holder), {}).setdefault(str(fence), []).append(partition)
     data = {
-        "leaders": {h: {"fences": f, "partitions": sum(len(v) for v in f.values())} for h, f in by_holder.items()},
+        "leaders": {
+            str(g.holder): {
+                "fences": by_holder[str(g.holder)],
+                "partitions": len(g.partitions),
+                "ranges": g.partition_ranges,
+            }
+            for g in leading
+        },
+        "standby": standing_by,
+        "unled": unled.partition_ranges if unled else "",
         "watermarks": {str(p): iso(t) for p, t in sorted(client.store.watermarks().items())},
     }
     if as_json:
         echo_json(data)
         return
-    if not by_holder:
+    if not leading:
         typer.echo("leader: none")
-    for holder, fences in by_holder.items():
-        numbers = sorted(int(f) for f in fences)
-        span = str(numbers[0]) if len(numbers) == 1 else f"{numbers[0]}..{numbers[-1]}"
-        typer.echo(f"leader: {holder}: {sum(len(v) for v in fences.values())} partitions, fences {span}")
+    for group in leading:
+        fences = "fence" if len(set(group.fences)) == 1 else "fences"
+        typer.echo(
+            f"leader: {group.holder}: {len(group.partitions)} partitions ({group.partition_ranges}),"
+            f" {fences} {group.fence_span}"
+        )
+    for holder in standing_by:
+        typer.echo(f"standby: {holder}: up, leading no partitions")
+    if unled is not None and leading:
+        typer.echo(f"unled: {len(unled.partitions)} partitions ({unled.partition_ranges})")
 
 
 def register_commands(app: typer.Typer) -> None:

@@ -75,6 +75,11 @@ class EtcdCoordinator:
     def leaders(self) -> dict[int, Lease]:
         return self._call(self._leaders())
 
+    def members(self) -> list[str]:
+        """The nodes up, sorted: those whose etcd lease lives, leading
+        partitions or not (for status reports)."""
+        return self._call(self._members())
+
     def giving_up(self, holder: str) -> dict[int, int]:
         return self._hand_overs.of(holder)
 
@@ -102,9 +107,7 @@ class EtcdCoordinator:
 
     async def _poll(self, holder: str) -> dict[int, int]:
         lease = await self._ensure_lease(holder)
-        nodes = sorted(
-            kv.key.decode().rsplit("/", 1)[1] for kv in await self._client.get_prefix(self._key("nodes", ""))
-        )
+        nodes = await self._members()
         if holder not in nodes:
             await self._client.put(self._key("nodes", holder), b"1", lease=lease)
             nodes = sorted([*nodes, holder])
@@ -168,6 +171,9 @@ class EtcdCoordinator:
         lease = self._leases.pop(holder, None)
         if lease is not None:
             await lease[0].revoke()
+
+    async def _members(self) -> list[str]:
+        return sorted(kv.key.decode().rsplit("/", 1)[1] for kv in await self._client.get_prefix(self._key("nodes", "")))
 
     async def _leaders(self) -> dict[int, Lease]:
         out: dict[int, Lease] = {}

@@ -4,6 +4,11 @@ A node that finds the lease free or expired takes it with the term plus one;
 the term is the fence. In the same transaction it raises every partition's
 fence floor, so a worker rejects whatever the previous holder still sends
 from the moment the new term exists.
+
+A node that finds the lease held stands by, and says so in a row of its own
+(``standby/{holder}``, in the same table, renewed by the poll that found the
+lease held): `pysched status` lists it, until it stops (its row is deleted)
+or its row runs out (it died).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pysched.protocols import Lease
 from pysched.stores.sqlite_db import SQLiteDatabase
 
 LEASE_NAME = "scheduler"
+STANDBY_PREFIX = "standby/"
 # A scheduler renews its lease every second or so: one not renewed for this
 # long is gone, not slow.
 SEEN_WITHIN_MS = 60_000
@@ -55,7 +61,11 @@ class SQLiteLeaseCoordinator:
 
     def leaders(self) -> dict[int, Lease]:
         lease = self.current()
-        return {} if lease is None else dict.fromkeys(range(self.partitions), lease)
+        # Released (its holder stopped): an end of 0 would read as a lease
+        # with no set end, led by a node that is gone.
+        if lease is None or lease.expires_at_ms == 0:
+            return {}
+        return dict.fromkeys(range(self.partitions), lease)
 
     def acquire(self, holder: str, now_ms: int) -> Lease | None:
         with self.db.transaction() as conn:
@@ -73,7 +83,17 @@ class SQLiteLeaseCoordinator:
                     )
                     return Lease(holder, int(term), now_ms + self.ttl_ms)
                 if expires_at_ms > now_ms:
-                    # another live holder: wait
+                    # another live holder: wait, and say so; forget the
+                    # standbys gone long since (killed: nothing deleted theirs)
+                    conn.execute(
+                        "INSERT INTO leases (name, holder, term, expires_at_ms) VALUES (?, ?, 0, ?)"
+                        " ON CONFLICT (name) DO UPDATE SET expires_at_ms = excluded.expires_at_ms",
+                        (STANDBY_PREFIX + holder, holder, now_ms + self.ttl_ms),
+                    )
+                    conn.execute(
+                        "DELETE FROM leases WHERE name LIKE ? AND expires_at_ms < ?",
+                        (STANDBY_PREFIX + "%", now_ms - SEEN_WITHIN_MS),
+                    )
                     return None
                 term = int(term) + 1
             conn.execute(
@@ -87,6 +107,7 @@ class SQLiteLeaseCoordinator:
                 " ON CONFLICT (partition) DO UPDATE SET fence = max(fence, excluded.fence)",
                 [(p, term) for p in range(self.partitions)],
             )
+            conn.execute("DELETE FROM leases WHERE name = ?", (STANDBY_PREFIX + holder,))
             return Lease(holder, term, now_ms + self.ttl_ms)
 
     def renew(self, lease: Lease, now_ms: int) -> Lease | None:
@@ -104,6 +125,7 @@ class SQLiteLeaseCoordinator:
     def release(self, holder: str) -> None:
         with self.db.transaction() as conn:
             conn.execute("UPDATE leases SET expires_at_ms = 0 WHERE name = ? AND holder = ?", (LEASE_NAME, holder))
+            conn.execute("DELETE FROM leases WHERE name = ?", (STANDBY_PREFIX + holder,))
         self._leases.pop(holder, None)
 
     def current(self) -> Lease | None:
@@ -113,3 +135,16 @@ class SQLiteLeaseCoordinator:
             .fetchone()
         )
         return None if row is None else Lease(str(row[0]), int(row[1]), int(row[2]))
+
+    def standing_by(self, now_ms: int) -> list[str]:
+        """The nodes standing by: up, their lease polls finding the lease
+        held by another, within the lease's TTL."""
+        rows = (
+            self.db.connection()
+            .execute(
+                "SELECT holder FROM leases WHERE name LIKE ? AND expires_at_ms > ? ORDER BY holder",
+                (STANDBY_PREFIX + "%", now_ms),
+            )
+            .fetchall()
+        )
+        return [str(row[0]) for row in rows]

@@ -24,6 +24,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._owned: dict[int, int] = {}  # what the coordinator last granted
         self._granted_at = 0  # when the poll that granted it began
+        self._answered = False  # whether any poll was answered yet
         self._unanswered_logged = False
 
     def step(self, now: int) -> bool:
@@ -34,7 +35,15 @@ class LeaseKeeper:
         with self._lock:
             self._owned = owned
             self._granted_at = now
+            self._answered = True
         return True
+
+    @property
+    def answered(self) -> bool:
+        """Whether the coordinator answered a poll yet: before, an empty
+        grant says nothing of who leads."""
+        with self._lock:
+            return self._answered
 
     def granted(self, now: int) -> dict[int, int]:
         """What the coordinator granted, while its answer holds (past that,

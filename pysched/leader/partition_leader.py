@@ -65,9 +65,16 @@ class PartitionLeader:
         """Take what the coordinator granted, what was loaded and what was
         planned; fire what is due by ``now``; now and then tell the store
         that quiet partitions have nothing left to send. Whether it fired."""
+        # Read before the grant: answered, the grant is at least that answer.
+        answered = self.leases.answered
         owned = self.leases.granted(now)
         if owned != self.fences and self._take(owned):
             self.loader.reload_all()
+        if not self.fences and answered and not self._standby_logged:
+            # Said once each time it comes to lead nothing, from the start
+            # too (a node that never led would otherwise never say so).
+            log.info("standby: partitions led by %s", ", ".join(self.leases.leader_names()) or "nobody yet")
+            self._standby_logged = True
         if not self.fences:
             # Planned under fences no longer led: their next leader reads
             # them from the store.
@@ -109,9 +116,6 @@ class PartitionLeader:
             span = str(fences[0]) if len(fences) == 1 else f"{fences[0]}..{fences[-1]}"
             log.info("leading partitions %s with fences %s", ranges(gained), span)
         self.fences = dict(owned)
-        if not owned and not self._standby_logged:
-            log.info("standby: partitions led by %s", ", ".join(self.leases.leader_names()) or "nobody yet")
-            self._standby_logged = True
         return bool(gained)
 
     def _take_loaded(self) -> None:
