@@ -17,9 +17,10 @@ from fastapi.testclient import TestClient
 from pysched import Client
 from pysched.api.app import create_app
 from pysched.api.guard import COOKIE_TTL_S, TOKEN_COOKIE, cookie_value
-from pysched.api.ui.pages import MAX_FIRES_PER_JOB
-from pysched.client import Redriven, RunKey
+from pysched.api.ui.pages import MAX_FIRES_PER_JOB, partitions_part
+from pysched.client import PartitionLeader, Redriven, RunKey
 from pysched.clock import ManualClock
+from pysched.coord.local import SQLiteLeaseCoordinator
 from pysched.protocols import FailedAttempt, RunRecord
 
 # 2026-03-25 12:00 UTC: Paris moves its clocks forward on the 29th, at 02:00.
@@ -154,11 +155,36 @@ def test_an_unknown_job_is_a_404_page(http: TestClient) -> None:
     assert http.get("/ui/jobs/nope", params={"parts": 1}).status_code == 404
 
 
-def test_partitions_show_their_leaders(http: TestClient) -> None:
+def test_partitions_show_their_leaders(http: TestClient, seeded: Seeded) -> None:
     page = http.get("/ui/partitions", params={"parts": 1}).json()
-    rows = cells(page, "partitions")
-    assert rows and all(row[1] == "none" for row in rows)
-    assert page["parts"]["partitions"]["caption"].startswith("0 of ")
+    assert cells(page, "partitions") == [["none", "unled", "0-63", "64", "", ""]]
+    assert page["parts"]["partitions"]["caption"] == "0 of 64 partitions led"
+    # One row for the node leading all 64, one for the node standing by.
+    coordinator = SQLiteLeaseCoordinator(seeded.db)
+    coordinator.poll("node-a", NOW_MS)
+    coordinator.poll("node-b", NOW_MS)
+    page = http.get("/ui/partitions", params={"parts": 1}).json()
+    led, standby = cells(page, "partitions")
+    assert led[:5] == ["node-a", "leading", "0-63", "64", "1"] and led[5].endswith("(in 5.00 s)")
+    assert standby == ["node-b", "standing by", "", "0", "", ""]
+    assert page["parts"]["partitions"]["caption"] == "64 of 64 partitions led · 1 node standing by"
+    assert "node-b" in http.get("/ui/partitions").text
+
+
+def test_a_nodes_partitions_are_one_row_with_each_fence_folded_under_them_where_they_differ() -> None:
+    leaders = [PartitionLeader(p, "node-a" if p % 4 else "node-b", 100 + p, None) for p in range(8)]
+    leaders[5] = PartitionLeader(5, None, None, None)
+    rows = partitions_part(leaders, [], NOW_MS).rows
+    shown = [[c.text for c in row] for row in rows]
+    assert shown == [
+        ["node-b", "leading", "0,4", "2", "100..104", ""],
+        ["node-a", "leading", "1-3,6-7", "5", "101..107", ""],
+        ["none", "unled", "5", "1", "", ""],
+    ]
+    assert rows[0][4].details == ("partition 0: fence 100", "partition 4: fence 104")
+    one = partitions_part([PartitionLeader(p, "node-a", 7, None) for p in range(64)], [], NOW_MS).rows
+    assert [[c.text for c in row] for row in one] == [["node-a", "leading", "0-63", "64", "7", ""]]
+    assert one[0][4].details is None
 
 
 def test_a_dead_letter_is_redriven_from_its_button_but_not_from_another_site(http: TestClient, seeded: Seeded) -> None:

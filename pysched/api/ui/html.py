@@ -77,12 +77,17 @@ class Cell:
     # A bar before the text, 0 to 100 (% of its column's width).
     bar: float | None = None
     post: Post | None = None
+    # Lines folded under the text, shown when it is clicked (a <details>
+    # whose summary is the text): a row that stands for many.
+    details: tuple[str, ...] | None = None
 
     def json(self) -> dict[str, Any]:
         shown: dict[str, Any] = {"text": self.text}
         for key in ("href", "cls", "title", "bar"):
             if getattr(self, key) is not None:
                 shown[key] = getattr(self, key)
+        if self.details is not None:
+            shown["details"] = list(self.details)
         if self.post is not None:
             shown["post"] = {"action": self.post.action, "fields": self.post.fields, "label": self.post.label}
         return shown
@@ -126,6 +131,10 @@ def cell_html(cell: Cell) -> Html:
         )
     elif cell.href is not None:
         content.append(tag("a", cell.text, href=cell.href))
+    elif cell.details is not None:
+        content.append(
+            tag("details", tag("summary", cell.text), tag("ul", *(tag("li", line) for line in cell.details)))
+        )
     else:
         content.append(text(cell.text))
     return tag("td", *content, class_=cell.cls, title=cell.title)

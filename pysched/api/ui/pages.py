@@ -21,7 +21,7 @@ from urllib.parse import quote
 from pysched import recurrence
 from pysched.api.ui.html import Cell, Html, Part, Post, part_html, tag
 from pysched.catchup import count_missed
-from pysched.client import Client, PartitionLeader, RunKey, coming_fires
+from pysched.client import Client, PartitionLeader, RunKey, coming_fires, led_together
 from pysched.model import CronSchedule, OnceSchedule
 from pysched.protocols import JobNotFound, JobRecord, MissedRuns, RunRecord, shows_an_earlier_dispatch
 from pysched.views import iso, job_json
@@ -444,23 +444,49 @@ def dead_letters_page(client: Client, notice: str | None) -> Page:
     return Page("Dead letters", body, {"dead": part})
 
 
-def partitions_part(leaders: list[PartitionLeader], now_ms: int) -> Part:
-    return Part(
-        ("partition", "leader", "fence", "lease expires"),
-        [
+def partitions_part(leaders: list[PartitionLeader], standing_by: list[str], now_ms: int) -> Part:
+    """A row a node, not a partition: the partitions it leads as ranges,
+    their fences (each partition's folded under them where they differ);
+    the nodes standing by; the partitions nobody leads."""
+    rows = []
+    for group in led_together(leaders):
+        if group.holder is None:
+            rows.append(
+                [
+                    Cell("none", cls="overdue"),
+                    Cell("unled", cls="overdue"),
+                    Cell(group.partition_ranges),
+                    Cell(str(len(group.partitions)), cls="num"),
+                    Cell(""),
+                    Cell(""),
+                ]
+            )
+            continue
+        each = tuple(f"partition {p}: fence {f}" for p, f in zip(group.partitions, group.fences, strict=True))
+        expires = group.expires_at_ms
+        rows.append(
             [
-                Cell(str(p.partition), cls="num"),
-                Cell(p.holder or "none", cls=None if p.holder else "overdue"),
-                Cell("" if p.fence is None else str(p.fence), cls="num"),
-                Cell(f"{clock(p.expires_at_ms)} ({relative(p.expires_at_ms, now_ms)})" if p.expires_at_ms else ""),
+                Cell(group.holder),
+                Cell("leading"),
+                Cell(group.partition_ranges),
+                Cell(str(len(group.partitions)), cls="num"),
+                Cell(group.fence_span, details=each if len(set(group.fences)) > 1 else None),
+                Cell(f"{clock(expires)} ({relative(expires, now_ms)})" if expires else ""),
             ]
-            for p in leaders
-        ],
+        )
+    rows += [
+        [Cell(holder), Cell("standing by", cls="muted"), Cell(""), Cell("0", cls="num"), Cell(""), Cell("")]
+        for holder in standing_by
+    ]
+    return Part(
+        ("node", "state", "partitions", "count", "fence", "lease expires"),
+        rows,
         "no partitions",
-        f"{sum(p.holder is not None for p in leaders)} of {len(leaders)} partitions led",
+        f"{sum(p.holder is not None for p in leaders)} of {len(leaders)} partitions led"
+        + (f" · {count(len(standing_by), 'node')} standing by" if standing_by else ""),
     )
 
 
 def partitions_page(client: Client) -> Page:
-    part = partitions_part(client.leaders(), client.clock.now_ms())
+    part = partitions_part(client.leaders(), client.standing_by(), client.clock.now_ms())
     return Page("Partitions", Html(tag("h1", "Partitions") + part_html("partitions", part)), {"partitions": part})

@@ -51,6 +51,18 @@
       a.href = c.href;
       a.textContent = c.text;
       td.append(a);
+    } else if (c.details) {
+      const details = document.createElement("details");
+      const summary = document.createElement("summary");
+      summary.textContent = c.text;
+      const list = document.createElement("ul");
+      for (const line of c.details) {
+        const li = document.createElement("li");
+        li.textContent = line;
+        list.append(li);
+      }
+      details.append(summary, list);
+      td.append(details);
     } else {
       td.append(document.createTextNode(c.text));
     }
@@ -74,6 +86,11 @@
     });
   }
 
+  function detailsKey(details) {
+    const td = details.closest("td");
+    return `${td.parentElement.firstElementChild.textContent}\t${td.cellIndex}`;
+  }
+
   async function refresh() {
     if (document.hidden) return;
     const url = new URL(location.href);
@@ -93,7 +110,13 @@
     for (const tbody of document.querySelectorAll("tbody[data-part]")) {
       const part = data.parts[tbody.dataset.part];
       if (!part) continue;
+      // What the reader unfolded stays unfolded: keyed by the row's first
+      // cell (a job, a node) and the column.
+      const opened = new Set([...tbody.querySelectorAll("details[open]")].map(detailsKey));
       tbody.replaceChildren(...rows(part, Number(tbody.dataset.columns)));
+      for (const details of tbody.querySelectorAll("details")) {
+        if (opened.has(detailsKey(details))) details.open = true;
+      }
       const caption = document.querySelector(`[data-caption="${tbody.dataset.part}"]`);
       if (caption) caption.textContent = part.caption;
     }
