@@ -100,19 +100,29 @@ def test_the_overview_shows_upcoming_fires_the_lag_distribution_and_recent_runs(
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "default-src 'none'" in page.headers["content-security-policy"]
     assert '<a href="/ui/jobs/often">often</a>' in page.text
+    # What happened first, then the fires to come, which are the longest part.
+    headings = re.findall(r"<h2>([^<]+)", page.text)
+    assert headings == ["Fire lag", "Recent runs", "Jobs", "Upcoming fires"]
     live = http.get("/", params={"parts": 1}).json()
-    upcoming = cells(live, "upcoming")
-    # Six fires of */10 in the next hour, the first the job's stored next run.
-    assert [row[0] for row in upcoming] == ["often"] * 6
+    # A row a job: six fires of */10 in the next hour folded under their
+    # count, the first the job's stored next run.
+    (often,) = live["parts"]["upcoming"]["rows"]
+    assert [often[0]["text"], often[1]["text"]] == ["often", "6 fires"]
+    assert len(often[1]["details"]) == 6 and often[1]["details"][0].startswith(often[2]["text"] + " · due ")
+    assert "<details><summary>6 fires</summary><ul><li>" in page.text
     assert live["parts"]["upcoming"]["caption"] == "6 fires of 1 job in the next 60 minutes"
-    # A day: nightly's one fire, and often's next run plus its previewed fires, capped.
+    # A day: often's next run first; nightly's one fire; often's fires
+    # counted whole, MAX_FIRES_PER_JOB of them listed.
     day_page = http.get("/", params={"parts": 1, "minutes": 24 * 60}).json()
-    day = [row[0] for row in cells(day_page, "upcoming")]
-    assert (day.count("nightly"), day.count("often")) == (1, 1 + MAX_FIRES_PER_JOB)
-    # Counted whole though capped in the list: 143 of */10 in the day from its next, and nightly's.
+    day = {row[0]["text"]: row[1] for row in day_page["parts"]["upcoming"]["rows"]}
+    assert list(day) == ["often", "nightly"]
+    assert (day["nightly"]["text"], len(day["nightly"]["details"])) == ("1 fire", 1)
+    # 143 of */10 in the day from its next, and nightly's.
+    assert day["often"]["text"] == "143 fires"
+    assert day["often"]["details"][MAX_FIRES_PER_JOB:] == [f"… and {143 - MAX_FIRES_PER_JOB} more"]
     assert day_page["parts"]["upcoming"]["caption"].startswith("144 fires of 2 jobs in the next 1440 minutes")
     # Times say their zone.
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+", upcoming[0][1])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+", often[2]["text"])
     # A bad window is a page that says so, not JSON in its place.
     bad = http.get("/", params={"minutes": "abc"})
     assert bad.status_code == 422 and bad.headers["content-type"].startswith("text/html")

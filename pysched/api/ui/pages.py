@@ -28,11 +28,11 @@ from pysched.views import iso, job_json
 
 DEFAULT_WINDOW_MIN = 60
 MAX_WINDOW_MIN = 24 * 60
-# Bounds on one overview: fires listed, recurring jobs previewed and fires
-# previewed per job (a once-a-minute job has 60 in an hour).
+# Bounds on one overview: jobs listed, recurring jobs previewed and fires
+# listed per job (a once-a-minute job has 60 in an hour, all counted).
 MAX_UPCOMING = 200
 MAX_PREVIEWED_JOBS = 50
-MAX_FIRES_PER_JOB = 120
+MAX_FIRES_PER_JOB = 24
 # The lag sample (see the module docstring) and the recent runs shown.
 LAG_JOBS = 1000
 LAG_RECENT_JOBS = 20
@@ -125,36 +125,52 @@ class Upcoming:
     dst: str | None
 
 
-def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: int) -> tuple[list[Upcoming], int]:
-    """Fires due before now + window, soonest first: each active job's next
-    run, and the fires after it (coming_fires) of the soonest
-    `MAX_PREVIEWED_JOBS` jobs; and how many there are in all (at most
-    `MAX_UPCOMING` are returned)."""
+@dataclass(frozen=True, slots=True)
+class JobFires:
+    """One job's fires in the window: all counted, the first few listed."""
+
+    job_id: str
+    partition: int
+    count: int
+    fires: list[Upcoming]  # soonest first; the first is the job's next run
+
+
+def upcoming(client: Client, records: list[JobRecord], now_ms: int, window_ms: int) -> tuple[list[JobFires], int, int]:
+    """The jobs with fires due before now + window, the soonest first, at
+    most `MAX_UPCOMING`: each with its next run, and the fires after it
+    (coming_fires) if it is among the soonest `MAX_PREVIEWED_JOBS`; and how
+    many fires and jobs there are in all."""
     end = now_ms + window_ms
     soon = sorted(
         (r for r in records if r.state == "active" and r.next_run is not None and r.next_run.run_at_ms <= end),
         key=lambda r: (r.next_run.due_ms if r.next_run else 0, r.job.id),
     )
-    fires: list[Upcoming] = []
+    jobs: list[JobFires] = []
     total = 0
     for n, rec in enumerate(soon):
         assert rec.next_run is not None
         schedule = rec.job.schedule
         first = rec.next_run
         dst = recurrence.dst_note(schedule, first.run_at_ms) if recurrence.is_recurring(schedule) else None
-        fires.append(Upcoming(rec.job.id, first.run_at_ms, first.due_ms, rec.partition, dst))
+        fires = [Upcoming(rec.job.id, first.run_at_ms, first.due_ms, rec.partition, dst)]
         # Counted whole, whatever is listed: a job firing every 5 s fires
-        # 720 times an hour, though 120 are shown.
-        total += fires_within(rec, end) if recurrence.is_recurring(schedule) else 1
-        if not recurrence.is_recurring(schedule) or n >= MAX_PREVIEWED_JOBS:
+        # 720 times an hour, though 24 are listed.
+        within = fires_within(rec, end) if recurrence.is_recurring(schedule) else 1
+        if n >= MAX_UPCOMING:
+            total += within
             continue
-        # From the record in hand: no read of the job again.
-        for fire in coming_fires(schedule, first.run_at_ms, MAX_FIRES_PER_JOB, rec.jitter_ms):
-            if fire.at_ms > end:
-                break
-            fires.append(Upcoming(rec.job.id, fire.at_ms, fire.due_ms or fire.at_ms, rec.partition, fire.dst))
-    fires.sort(key=lambda f: (f.due_ms, f.job_id))
-    return fires[:MAX_UPCOMING], max(total, len(fires))
+        if recurrence.is_recurring(schedule) and n < MAX_PREVIEWED_JOBS:
+            # From the record in hand: no read of the job again.
+            after = coming_fires(schedule, first.run_at_ms, MAX_FIRES_PER_JOB - 1, rec.jitter_ms)
+            for fire in after:
+                if fire.at_ms > end:
+                    break
+                fires.append(Upcoming(rec.job.id, fire.at_ms, fire.due_ms or fire.at_ms, rec.partition, fire.dst))
+        # Never fewer than listed (the count stops at the window's end by
+        # due time, the list by nominal time).
+        jobs.append(JobFires(rec.job.id, rec.partition, max(within, len(fires)), fires))
+        total += jobs[-1].count
+    return jobs, total, len(soon)
 
 
 def fires_within(rec: JobRecord, end_ms: int) -> int:
@@ -222,23 +238,15 @@ def lag_part(runs: Iterable[RunRecord]) -> Part:
 def overview(client: Client, window_min: int) -> Page:
     now = client.clock.now_ms()
     records = client.ls()
-    fires, total = upcoming(client, records, now, window_min * 60_000)
+    jobs, total, job_count = upcoming(client, records, now, window_min * 60_000)
+    # A row a job, its fires folded under their count: a job firing every
+    # few seconds is one row, not the whole table.
     upcoming_part = Part(
-        ("job", "nominal time", "due (jittered)", "", "partition", "note"),
-        [
-            [
-                Cell(f.job_id, href=job_href(f.job_id)),
-                Cell(clock(f.at_ms)),
-                Cell(clock(f.due_ms)),
-                Cell(relative(f.due_ms, now), cls="overdue" if f.due_ms < now else "muted"),
-                Cell(str(f.partition), cls="num"),
-                Cell(f.dst or ("overdue" if f.due_ms < now else "")),
-            ]
-            for f in fires
-        ],
+        ("job", "fires", "next fire", "due (jittered)", "", "partition", "note"),
+        [_upcoming_row(j, now) for j in jobs],
         f"no fires in the next {window_min} minutes",
-        f"{count(total, 'fire')} of {count(len({f.job_id for f in fires}), 'job')} in the next {window_min} minutes"
-        + (f" (the first {len(fires)} shown)" if total > len(fires) else ""),
+        f"{count(total, 'fire')} of {count(job_count, 'job')} in the next {window_min} minutes"
+        + (f" (the first {len(jobs)} jobs shown)" if job_count > len(jobs) else ""),
     )
     sample = lag_sample(client, records)
     recent = sorted(
@@ -293,16 +301,43 @@ def overview(client: Client, window_min: int) -> Page:
             action="/",
             class_="inline",
         )
-        + tag("h2", "Upcoming fires")
-        + part_html("upcoming", upcoming_part)
+        # What has happened first, then what will: the fires to come are
+        # the longest part, and would push the rest out of sight.
         + tag("h2", "Fire lag", tag("span", " (dispatched - due)", class_="muted"))
         + part_html("lag", parts["lag"])
         + tag("h2", "Recent runs")
         + part_html("recent", recent_part)
         + tag("h2", "Jobs")
         + part_html("jobs", jobs_part)
+        + tag("h2", "Upcoming fires")
+        + part_html("upcoming", upcoming_part)
     )
     return Page("Overview", body, parts)
+
+
+def _upcoming_row(job: JobFires, now_ms: int) -> list[Cell]:
+    first = job.fires[0]
+    overdue = first.due_ms < now_ms
+    return [
+        Cell(job.job_id, href=job_href(job.job_id)),
+        Cell(count(job.count, "fire"), details=_fire_lines(job, now_ms)),
+        Cell(clock(first.at_ms)),
+        Cell(clock(first.due_ms)),
+        Cell(relative(first.due_ms, now_ms), cls="overdue" if overdue else "muted"),
+        Cell(str(job.partition), cls="num"),
+        Cell(first.dst or ("overdue" if overdue else "")),
+    ]
+
+
+def _fire_lines(job: JobFires, now_ms: int) -> tuple[str, ...]:
+    """A job's fires listed: nominal time, due time, how soon, DST note."""
+    lines = [
+        f"{clock(f.at_ms)} · due {clock(f.due_ms)} · {relative(f.due_ms, now_ms)}" + (f" · {f.dst}" if f.dst else "")
+        for f in job.fires
+    ]
+    if job.count > len(job.fires):
+        lines.append(f"… and {job.count - len(job.fires)} more")
+    return tuple(lines)
 
 
 def _schedule(rec: JobRecord) -> str:
