@@ -24,12 +24,45 @@ class JobExists(ValueError):
 
     @classmethod
     def for_state(cls, job_id: str, state: str) -> JobExists:
-        """The refusal, saying why when the job there has ended: an id is
-        used once, so that runs and claims of the old job (keyed by its id)
-        are never taken for the new one's."""
-        if state in ("cancelled", "completed"):
+        """The refusal, saying why when the job there has completed: it
+        keeps its id and history (trigger runs it again). A cancelled job's
+        id may be registered again, as a new job (``replaced_runs``)."""
+        if state == "completed":
             return cls(f"job {job_id!r} was {state} and keeps its id and history; register the new job under a new id")
         return cls(f"job {job_id!r} already exists")
+
+
+# Run states of a run that was never handed on (or was held, or cancelled
+# before it was): nothing outside the store has seen its identity.
+_NEVER_HANDED_ON = frozenset({"scheduled", "paused", "cancelled"})
+
+
+def replaced_runs(
+    job_id: str, old_runs: Collection[tuple[int, str, int | None]], first: PlannedRun | None, now_ms: int
+) -> int:
+    """The ``runs_since_ms`` of a job registered in place of a cancelled
+    one, whose runs are ``old_runs`` (run_at_ms, state, dispatched_at_ms):
+    the new job's runs are all at or after it (its first run's time, or its
+    registration), and each run of the old job a worker may have met is
+    before it. So the new job's idempotency keys are never the old job's,
+    and a record of the old job still travelling (a dispatch, a late
+    outcome) is told by its run time alone. Raises JobExists when the new
+    job's first run would come at or before a run of the old job that was
+    handed on (a one-shot declared again at the time it ran)."""
+    since = now_ms if first is None else min(now_ms, first.run_at_ms)
+    used = [at for at, state, dispatched in old_runs if dispatched is not None or state not in _NEVER_HANDED_ON]
+    if used and max(used) >= since:
+        raise JobExists(
+            f"job {job_id!r} was cancelled after its run at {max(used)} ms was handed on; a job taking its id"
+            " must first run later than that: declare it under a new id or for a later time"
+        )
+    return since
+
+
+def of_replaced_job(job: JobRecord, run_at_ms: int) -> bool:
+    """Whether a run of ``job``'s id at ``run_at_ms`` was of the cancelled
+    job it replaced (see replaced_runs): nothing of it is the job's."""
+    return run_at_ms < job.runs_since_ms
 
 
 class JobNotFound(LookupError):
@@ -178,6 +211,10 @@ class JobRecord:
     jitter_ms: int
     created_at_ms: int
     next_run: PlannedRun | None
+    # The job's runs are at or after this time; a run of its id before it
+    # was of the cancelled job this one replaced (replaced_runs). 0: the
+    # job replaced none.
+    runs_since_ms: int = 0
 
 
 # Job states a run can be triggered in: a completed one-shot may be run

@@ -56,7 +56,9 @@ def test_jobs_are_added_read_changed_and_cancelled(api: TestClient) -> None:
     assert moved.status_code == 200 and moved.json()["schedule"]["expr"] == "30 8 * * 1-5"
     assert api.post("/jobs/report/cancel").json()["state"] == "cancelled"
     batch = api.post("/jobs/batch", json={"jobs": [job("report"), job("b"), job("c")]})
-    assert batch.json() == {"added": ["b", "c"], "existing": ["report"]}
+    # A cancelled job's id is taken by the new job; an active one's is not.
+    assert batch.json() == {"added": ["report", "b", "c"], "existing": []}
+    assert api.get("/jobs/report").json()["state"] == "active" and api.get("/jobs/report/runs").json() == []
     assert api.post("/jobs/batch", json=[job("c"), job("d")]).json() == {"added": ["d"], "existing": ["c"]}
     assert api.get("/preview", params={"cron": "0 0 1 1 *", "count": 2}).json()["tz"] == "UTC"
 

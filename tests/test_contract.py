@@ -24,10 +24,12 @@ from pysched.protocols import (
     SETTLE_MS,
     ClaimOutcome,
     Coordinator,
+    FailedAttempt,
     IdempotencyClaims,
     JobExists,
     JobNotActive,
     JobNotFound,
+    MissedRuns,
     PlannedRun,
     Run,
     ScheduleStore,
@@ -419,19 +421,76 @@ def test_cancel_stops_pending_runs_and_keeps_history(backend: Backend) -> None:
         backend.store.cancel_job("nope", T0)
 
 
-def test_a_cancelled_id_is_not_registered_again(backend: Backend) -> None:
-    # An id is used once: a new job under a cancelled one's id would inherit
-    # its in-flight runs (a worker reads the job's spec when it starts a run)
-    # and its runs' rows and claims, whose keys are made of the id.
-    backend.store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
-    dispatch(backend, T0 + 60_000, 1, T0 + 10_000)
-    backend.store.cancel_job("every-10s", T0 + 10_001)
-    with pytest.raises(JobExists, match="cancelled"):
-        backend.store.add_job(cron_job(expr="0 * * * *"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0)
-    items = [(cron_job(expr="0 * * * *"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000))]
-    assert backend.store.add_jobs(items, T0) == ["every-10s"]
-    rec = backend.store.get_job("every-10s")
-    assert rec.state == "cancelled" and rec.job == cron_job()
+def test_a_cancelled_id_is_registered_again_as_a_new_job(backend: Backend) -> None:
+    # The old job ran once (a dead letter), missed a time, and was cancelled
+    # with a run under way; the new job at its id shows none of it, and
+    # nothing the old job's worker writes late is the new job's.
+    store = backend.store
+    store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    (first,), _ = dispatch(backend, T0 + 20_000, 1, T0 + 10_000)
+    assert backend.claims.claim(record(first, 1), "w1", T0 + 10_010, 30_000).outcome is ClaimOutcome.CLAIMED
+    assert store.run_started(record(first, 1), "w1", T0 + 10_020) == 1
+    failure = FailedAttempt(1, "w1", T0 + 10_020, T0 + 10_030, "exit status 1", "exception")
+    store.run_failed(record(first, 1), failure, None)
+    (second,), _ = dispatch(backend, T0 + 30_000, 1, T0 + 20_000)
+    store.run_missed(record(second, 1), MissedRuns("every-10s", T0 + 20_000, T0 + 20_001, "skipped"), "late", T0)
+    assert store.dead_letters() and store.missed_runs(["every-10s"])
+    store.cancel_job("every-10s", T0 + 20_500)
+    rec = store.add_job(cron_job(), 0, 0, PlannedRun(T0 + 30_000, T0 + 30_000), T0 + 21_000)
+    assert (rec.state, rec.next_run) == ("active", PlannedRun(T0 + 30_000, T0 + 30_000))
+    assert store.get_job("every-10s").state == "active"
+    assert store.history("every-10s") == [] and store.last_runs(["every-10s"]) == {}
+    assert store.dead_letters() == [] and store.missed_runs(["every-10s"]) == {}
+    # The old job's worker, late: its run starts not and its end lands nowhere.
+    assert store.run_started(record(first, 1), "w1", T0 + 21_100) is None
+    store.run_finished(record(first, 1), "succeeded", None, "late", T0 + 21_200)
+    store.run_failed(record(second, 1), FailedAttempt(1, "w1", None, T0 + 21_300, "late", "exception"), T0 + 25_000)
+    assert store.history("every-10s") == [] and store.dead_letters() == []
+    assert not store.redrive("every-10s", first.run_at_ms, 0, T0 + 21_400)
+    # The new job's first run is its own: a key of its own, claimed afresh.
+    (new,), _ = dispatch(backend, T0 + 40_000, 1, T0 + 30_000)
+    assert record(new, 1).idempotency_key not in {record(first, 1).idempotency_key, record(second, 1).idempotency_key}
+    assert backend.claims.claim(record(new, 1), "w2", T0 + 30_010, 30_000).outcome is ClaimOutcome.CLAIMED
+    assert store.run_started(record(new, 1), "w2", T0 + 30_020) == 1
+    assert [(r.run_at_ms, r.state, r.attempt) for r in store.history("every-10s")] == [(T0 + 30_000, "running", 1)]
+
+
+def test_only_a_cancelled_jobs_id_is_taken_by_a_new_job(backend: Backend) -> None:
+    # An active, paused or completed job keeps its id: a completed one-shot's
+    # history stays (trigger runs it again), and a sync never replaces it.
+    store = backend.store
+    store.add_job(cron_job("active"), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    store.add_job(cron_job("paused"), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    store.pause_job("paused", T0 + 1)
+    store.add_job(once_job("done", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    dispatch(backend, T0 + 1_000, 1, T0 + 150)
+    assert store.get_job("done").state == "completed"
+    for job_id in ("active", "paused", "done"):
+        with pytest.raises(JobExists):
+            store.add_job(cron_job(job_id), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0 + 200)
+    with pytest.raises(JobExists, match="completed"):
+        store.add_job(cron_job("done"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000), T0 + 200)
+    store.add_job(cron_job("gone"), 0, 0, PlannedRun(T0 + 10_000, T0 + 10_000), T0)
+    store.cancel_job("gone", T0 + 300)
+    items = [(cron_job(j, "0 * * * * *"), 0, 0, PlannedRun(T0 + 60_000, T0 + 60_000)) for j in ("active", "gone")]
+    assert store.add_jobs(items, T0 + 400) == ["active"]
+    assert store.get_job("gone").state == "active" and store.get_job("gone").job == cron_job("gone", "0 * * * * *")
+    assert store.get_job("active").job == cron_job("active")
+
+
+def test_a_one_shot_declared_again_at_the_time_it_ran_is_refused(backend: Backend) -> None:
+    # Its run's key (id and time) was the old job's, which a worker and the
+    # target have met: the new job must run later, or take a new id.
+    store = backend.store
+    store.add_job(once_job("once", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    dispatch(backend, T0 + 1_000, 1, T0 + 150)
+    store.cancel_job("once", T0 + 200)
+    with pytest.raises(JobExists, match="handed on"):
+        store.add_job(once_job("once", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100), T0 + 300)
+    assert store.add_jobs([(once_job("once", T0 + 100), 0, 0, PlannedRun(T0 + 100, T0 + 100))], T0 + 300) == ["once"]
+    assert store.get_job("once").state == "cancelled"
+    rec = store.add_job(once_job("once", T0 + 5_000), 0, 0, PlannedRun(T0 + 5_000, T0 + 5_000), T0 + 300)
+    assert rec.state == "active" and store.history("once") == []
 
 
 def test_a_run_rescheduled_after_it_was_sent_does_not_start(backend: Backend) -> None:

@@ -60,6 +60,7 @@ from pysched.protocols import (
     delivery_for,
     is_near,
     next_attempt,
+    replaced_runs,
     runs_behind,
     shown_attempt,
     still_owed,
@@ -91,6 +92,7 @@ class JobRow:
     created_at_ms: int
     updated_at_ms: int
     next_run: PlannedRun | None
+    runs_since_ms: int = 0  # JobRecord.runs_since_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,14 +245,13 @@ class MemoryScheduleStore:
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         marks = self.watermarks()
         with self._op("add_job"):
-            if job.id in self.tables.jobs:
-                raise JobExists.for_state(job.id, self.tables.jobs[job.id].state)
-            first, notify = self._register(job, partition, jitter_ms, first, marks, now_ms)
+            since = self._take_id(job.id, first, now_ms)
+            first, notify = self._register(job, partition, jitter_ms, first, marks, now_ms, since)
             if notify:
                 self.tables.bump(partition)
         if first is not None:
             first = self._keep_ahead({job.id: (partition, first)}).get(job.id, first)
-        return JobRecord(job, "active" if first else "completed", partition, jitter_ms, now_ms, first)
+        return JobRecord(job, "active" if first else "completed", partition, jitter_ms, now_ms, first, since)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
         existing: list[str] = []
@@ -259,10 +260,12 @@ class MemoryScheduleStore:
         marks = self.watermarks()  # one read for the whole call
         with self._op("add_jobs"):
             for job, partition, jitter_ms, first in items:
-                if job.id in self.tables.jobs:
+                try:
+                    since = self._take_id(job.id, first, now_ms)
+                except JobExists:
                     existing.append(job.id)
                     continue
-                first, notify = self._register(job, partition, jitter_ms, first, marks, now_ms)
+                first, notify = self._register(job, partition, jitter_ms, first, marks, now_ms, since)
                 if first is not None:
                     placed[job.id] = (partition, first)
                 if notify:
@@ -280,6 +283,7 @@ class MemoryScheduleStore:
         first: PlannedRun | None,
         marks: Mapping[int, int],
         now_ms: int,
+        runs_since_ms: int,
     ) -> tuple[PlannedRun | None, bool]:
         """Store the job and its first run, placed ahead of the watermark
         read before (``marks``); the run, and whether its leader must hear
@@ -290,8 +294,43 @@ class MemoryScheduleStore:
         if first is not None:
             self._write_run(job.id, partition, first)
         state = "active" if first else "completed"
-        self.tables.jobs[job.id] = JobRow(job, state, partition, jitter_ms, now_ms, now_ms, first)
+        self.tables.jobs[job.id] = JobRow(job, state, partition, jitter_ms, now_ms, now_ms, first, runs_since_ms)
         return first, is_near(first, now_ms) or first != planned
+
+    def _take_id(self, job_id: str, first: PlannedRun | None, now_ms: int) -> int:
+        """The runs_since_ms of a new job ``job_id``: 0 for an id not taken;
+        for a cancelled job's, the job and all kept of it (its runs, their
+        schedule rows, dead letters, claims, missed times and running slot)
+        go (replaced_runs). Raises JobExists for any other job's id."""
+        current = self.tables.jobs.get(job_id)
+        if current is None:
+            return 0
+        if current.state != "cancelled":
+            raise JobExists.for_state(job_id, current.state)
+        runs = self.tables.runs.get(job_id, {})
+        since = replaced_runs(
+            job_id, [(r.run_at_ms, r.state, r.dispatched_at_ms) for r in runs.values()], first, now_ms
+        )
+        for row in runs.values():
+            self.tables.dead_letters.pop((job_id, row.run_at_ms, row.attempt_group), None)
+        if self.tables.claims is not None:
+            self.tables.claims.forget([idempotency_key(job_id, at, group) for at, group in runs])
+        for (p, due, run_id), sched in list(self.tables.schedule.items()):
+            if sched.job_id == job_id:
+                self.tables.delete_schedule(p, due, run_id)
+        self.tables.runs.pop(job_id, None)
+        self.tables.slots.pop(job_id, None)
+        for key in [k for k in self.tables.missed if k[0] == job_id]:
+            del self.tables.missed[key]
+        del self.tables.jobs[job_id]
+        return since
+
+    def _of_replaced(self, job_id: str, run_at_ms: int) -> bool:
+        """Whether a record of ``job_id``'s run at ``run_at_ms`` is of a
+        cancelled job the job now holding the id replaced: nothing it
+        writes lands, as on Cassandra."""
+        job = self.tables.jobs.get(job_id)
+        return job is not None and run_at_ms < job.runs_since_ms
 
     def _keep_ahead(self, placed: Mapping[str, tuple[int, PlannedRun]]) -> dict[str, PlannedRun]:
         """The Cassandra store's: read the watermarks again after the write;
@@ -475,6 +514,8 @@ class MemoryScheduleStore:
 
     def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         with self._op("hand_back"):
+            if self._of_replaced(record.job_id, record.run_at_ms):
+                return False
             row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
             if row is None or not still_owed(row.state, row.worker, started_by):
                 return False  # started, finished or cancelled since: nothing owed
@@ -555,6 +596,8 @@ class MemoryScheduleStore:
             return stored
 
     def _mark_dispatched(self, run: Run, fence: int, now_ms: int) -> None:
+        if self._of_replaced(run.job_id, run.run_at_ms):
+            return
         key = (run.run_at_ms, run.attempt_group)
         row = self.tables.runs.get(run.job_id, {}).get(key)
         if row is None:  # an update creates the row on Cassandra
@@ -599,6 +642,8 @@ class MemoryScheduleStore:
 
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
         with self._op("run_started"):
+            if self._of_replaced(record.job_id, record.run_at_ms):
+                return None
             row = self._run_for(record)
             if row.state in ("cancelled", "missed"):
                 return None
@@ -621,6 +666,8 @@ class MemoryScheduleStore:
 
     def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
         with self._op("run_interrupted"):
+            if self._of_replaced(record.job_id, record.run_at_ms):
+                return
             row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
             if row is not None and row.state == "running":
                 ended = replace_row(row, ended_at_ms=now_ms, error=error, result=None)
@@ -630,6 +677,8 @@ class MemoryScheduleStore:
         self, record: DispatchRecord, state: str, error: str | None, result: str | None, now_ms: int
     ) -> None:
         with self._op("run_finished"):
+            if self._of_replaced(record.job_id, record.run_at_ms):
+                return
             row = self._run_for(record)
             if row.state == "succeeded":
                 return
@@ -637,6 +686,8 @@ class MemoryScheduleStore:
 
     def run_missed(self, record: DispatchRecord, missed: MissedRuns, error: str, now_ms: int) -> None:
         with self._op("run_missed"):
+            if self._of_replaced(record.job_id, record.run_at_ms):
+                return
             row = self._run_for(record)
             if row.state not in ("scheduled", "dispatched", "parked"):
                 return
@@ -654,6 +705,8 @@ class MemoryScheduleStore:
 
     def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
         with self._op("run_failed"):
+            if self._of_replaced(record.job_id, record.run_at_ms):
+                return
             row = self._run_for(record)
             failures = dict(row.failures)
             failures[failure.attempt] = failure
@@ -694,6 +747,8 @@ class MemoryScheduleStore:
 
     def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
         with self._op("run_parked"):
+            if self._of_replaced(record.job_id, record.run_at_ms):
+                return
             row = self._run_for(record)
             if row.state in ("succeeded", "cancelled"):
                 return
@@ -889,7 +944,7 @@ class MemoryScheduleStore:
     @staticmethod
     def _record(row: JobRow) -> JobRecord:
         nxt = row.next_run if row.state in ("active", "paused") else None
-        return JobRecord(row.job, row.state, row.partition, row.jitter_ms, row.created_at_ms, nxt)
+        return JobRecord(row.job, row.state, row.partition, row.jitter_ms, row.created_at_ms, nxt, row.runs_since_ms)
 
     @staticmethod
     def _not_before_now(run: PlannedRun | None, now_ms: int) -> PlannedRun | None:

@@ -74,6 +74,7 @@ from pysched.protocols import (
     delivery_for,
     is_near,
     next_attempt,
+    replaced_runs,
     runs_behind,
     shown_attempt,
     still_owed,
@@ -185,6 +186,8 @@ SCHEMA = [
     " job_id text, run_at_ms bigint, attempt_group int, attempt int, fence bigint,"
     " PRIMARY KEY ((time_bucket, shard), due_ms, run_id))",
     "ALTER TABLE {ks}.schedule ADD IF NOT EXISTS (attempt int, fence bigint)",
+    # JobRecord.runs_since_ms: set when the job took the id of a cancelled one.
+    "ALTER TABLE {ks}.jobs ADD IF NOT EXISTS (runs_since_ms bigint)",
     "CREATE TABLE IF NOT EXISTS {ks}.runs (job_id text, run_at_ms bigint, attempt_group int, run_id bigint,"
     " due_ms bigint, partition int, state text, attempt int, fence bigint, dispatched_at_ms bigint,"
     " started_at_ms bigint, ended_at_ms bigint, worker text, error text, result text, interrupted_attempt int,"
@@ -310,6 +313,9 @@ class _Registered:
 
     stored: dict[str, tuple[str, PlannedRun | None]]
     existing: dict[str, str]
+    runs_since: dict[str, int]
+    # Ids of cancelled jobs a new job could not take, and why.
+    refused: dict[str, JobExists]
 
 
 class CassandraScheduleStore:
@@ -328,16 +334,25 @@ class CassandraScheduleStore:
         # (cassandra_job_ids), in one logged batch with its first run.
         self._write_job = p(
             f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms,"
-            " next_run_at_ms, next_due_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " next_run_at_ms, next_due_ms, runs_since_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self._job_ids = job_id_tables.JobIdClaims(session, ks)
+        # What goes of a cancelled job whose id a new job takes.
+        self._job_runs = p(
+            f"SELECT run_at_ms, attempt_group, state, dispatched_at_ms, partition, dead_at_ms, due_ms, run_id"
+            f" FROM {ks}.runs WHERE job_id = ?"
+        )
+        self._delete_job_runs = p(f"DELETE FROM {ks}.runs WHERE job_id = ?")
+        self._delete_job_missed = p(f"DELETE FROM {ks}.missed_runs WHERE job_id = ?")
+        self._delete_job_slot = p(f"DELETE FROM {ks}.running_slots WHERE job_id = ?")
+        self._runs_since = p(f"SELECT runs_since_ms FROM {ks}.jobs WHERE job_id = ?")
         self._get_job = p(
             f"SELECT job_id, spec, state, partition, jitter_ms, created_at_ms, next_run_at_ms, next_due_ms,"
-            f" updated_at_ms FROM {ks}.jobs WHERE job_id = ?"
+            f" updated_at_ms, runs_since_ms FROM {ks}.jobs WHERE job_id = ?"
         )
         self._all_jobs = p(
             f"SELECT job_id, spec, state, partition, jitter_ms, created_at_ms, next_run_at_ms, next_due_ms,"
-            f" updated_at_ms FROM {ks}.jobs"
+            f" updated_at_ms, runs_since_ms FROM {ks}.jobs"
         )
         self._set_job_state = p(
             f"UPDATE {ks}.jobs SET state = ?, next_run_at_ms = null, next_due_ms = null, updated_at_ms = ?"
@@ -526,13 +541,16 @@ class CassandraScheduleStore:
 
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         outcome = self._register([(job, partition, jitter_ms, first)], now_ms)
+        if job.id in outcome.refused:
+            raise outcome.refused[job.id]
         if job.id in outcome.existing:
             raise JobExists.for_state(job.id, outcome.existing[job.id])
         state, run = outcome.stored[job.id]
-        return JobRecord(job, state, partition, jitter_ms, now_ms, run)
+        return JobRecord(job, state, partition, jitter_ms, now_ms, run, outcome.runs_since.get(job.id, 0))
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
-        existing = self._register(items, now_ms).existing
+        outcome = self._register(items, now_ms)
+        existing = {*outcome.existing, *outcome.refused}
         # As one transaction would: an id listed again after its first is
         # an existing job by then.
         seen: set[str] = set()
@@ -554,6 +572,14 @@ class CassandraScheduleStore:
             firsts.setdefault(item[0].id, item)
         held = self._job_ids.claim(list(firsts), owner, now_ms)
         existing = self._in_the_way(held, owner, now_ms)
+        runs_since: dict[str, int] = {}
+        refused: dict[str, JobExists] = {}
+        for job_id in [j for j, state in existing.items() if state == "cancelled"]:
+            try:
+                if self._take_cancelled(held[job_id], owner, firsts[job_id][3], now_ms, runs_since):
+                    del existing[job_id]
+            except JobExists as exc:
+                refused[job_id] = exc
         # Read now, right before the writes: the later, the fewer runs the
         # watermark passes while they are written (_keep_ahead).
         marks = self.watermarks()
@@ -563,7 +589,7 @@ class CassandraScheduleStore:
         batches: list[tuple[BatchStatement, None]] = []
         batch, size = BatchStatement(batch_type=BatchType.LOGGED), 0
         for job_id, (job, partition, jitter_ms, first) in firsts.items():
-            if job_id in existing:
+            if job_id in existing or job_id in refused:
                 continue
             planned = self._not_before_now(first, now_ms)
             first = _ahead_of(planned, marks.get(partition))
@@ -584,6 +610,7 @@ class CassandraScheduleStore:
                     now_ms,
                     first.run_at_ms if first else None,
                     first.due_ms if first else None,
+                    runs_since.get(job_id),
                 ),
             )
             size += len(spec) + _ROWS_BYTES
@@ -602,7 +629,7 @@ class CassandraScheduleStore:
         self._concurrent(self._bump, [(p,) for p in sorted(partitions)])
         for job_id, run in self._keep_ahead(placed).items():
             stored[job_id] = (stored[job_id][0], run)
-        return _Registered(stored, existing)
+        return _Registered(stored, existing, runs_since, refused)
 
     def _in_the_way(self, held: Mapping[str, job_id_tables.HeldId], owner: str, now_ms: int) -> dict[str, str]:
         """Of the ids another registration holds, those whose job exists or
@@ -625,6 +652,49 @@ class CassandraScheduleStore:
             if written or not stale or not self._job_ids.take_over(held[job_id], owner, now_ms):
                 existing[job_id] = row.state if row is not None else "registering"
         return existing
+
+    def _take_cancelled(
+        self, held: job_id_tables.HeldId, owner: str, first: PlannedRun | None, now_ms: int, since: dict[str, int]
+    ) -> bool:
+        """Take the id of the cancelled job ``held`` names for a new job
+        whose first run is ``first``: its id claim (a transaction on the
+        row as read, so of two registrations one takes it), then every row
+        kept of the old job goes; ``since`` gets the new job's
+        runs_since_ms (replaced_runs). False when another took the id
+        first. A record of the old job written late meets no run row of
+        its time and is dropped (_of_replaced); so is one handed on from a
+        schedule row not found here (a hand-back's), by the worker."""
+        job_id = held.job_id
+        runs = list(self.session.execute(self._job_runs, (job_id,)))
+        runs_since = replaced_runs(job_id, [(r.run_at_ms, r.state, r.dispatched_at_ms) for r in runs], first, now_ms)
+        if not self._job_ids.take_over(held, owner, now_ms):
+            return False
+        deletes: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        for r in runs:
+            deletes.append((self._delete_claim, (idempotency_key(job_id, r.run_at_ms, r.attempt_group),)))
+            # Its schedule row, where the run row says it is due (a retry's
+            # or a park's too): no leader hands it on again.
+            if r.due_ms is not None and r.partition is not None and r.run_id is not None:
+                deletes.append((self._delete_schedule, (r.due_ms // BUCKET_MS, r.partition, r.due_ms, r.run_id)))
+            if r.dead_at_ms is not None and r.partition is not None:
+                deletes.append(
+                    (self._delete_dead_letter, (r.partition, r.dead_at_ms, job_id, r.run_at_ms, r.attempt_group))
+                )
+        deletes += [(s, (job_id,)) for s in (self._delete_job_runs, self._delete_job_missed, self._delete_job_slot)]
+        for ok, result in execute_concurrent(self.session, deletes, concurrency=64):
+            if not ok:
+                raise result
+        since[job_id] = runs_since
+        return True
+
+    def _of_replaced(self, job_id: str, run_at_ms: int) -> bool:
+        """Whether a record of ``job_id``'s run at ``run_at_ms``, which has
+        no run row, is of a cancelled job the job now holding the id
+        replaced (protocols.of_replaced_job): nothing of it is written.
+        Read only for a record that found no row (its own run's row is
+        written when it is planned)."""
+        row = self.session.execute(self._runs_since, (job_id,)).one()
+        return row is not None and run_at_ms < (row.runs_since_ms or 0)
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
         current = self._row(job.id)
@@ -730,11 +800,13 @@ class CassandraScheduleStore:
         return [self._record(r) for r in sorted(rows, key=lambda r: r.job_id)]
 
     def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:
-        self._row(job_id)
+        since = self._row(job_id).runs_since_ms or 0
         out = []
         for r in self.session.execute(self._history, (job_id, limit + 1)):
             run = self._run_record(r)
-            if run is not None:
+            # A late write of a cancelled job this one replaced, which
+            # slipped past the checks: no part of this job's history.
+            if run is not None and run.run_at_ms >= since:
                 out.append(run)
         return out[:limit]
 
@@ -937,6 +1009,8 @@ class CassandraScheduleStore:
         row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is not None and row.state in ("cancelled", "missed"):
             return None
+        if row is None and self._of_replaced(record.job_id, record.run_at_ms):
+            return None
         attempt = 1 if row is None else next_attempt(row.attempt or 0, row.ended_attempt or 0)
         delivery = max(record.attempt, 0 if row is None else _delivery(row))
         self.session.execute(
@@ -964,6 +1038,8 @@ class CassandraScheduleStore:
         row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is not None and row.state == "succeeded":
             return
+        if row is None and self._of_replaced(record.job_id, record.run_at_ms):
+            return
         self.session.execute(
             self._run_finished,
             (state, now_ms, error, result, record.job_id, record.run_at_ms, record.attempt_group),
@@ -976,6 +1052,8 @@ class CassandraScheduleStore:
         row = self.session.execute(self._run_state, key).one()
         # A parked run never started: missed when its job was paused.
         if row is not None and row.state not in (None, "scheduled", "missed", "parked"):
+            return
+        if row is None and self._of_replaced(record.job_id, record.run_at_ms):
             return
         self.session.execute(self._insert_missed, _missed_row(missed))
         self.session.execute(self._run_missed, (now_ms, error, *key))
@@ -997,6 +1075,8 @@ class CassandraScheduleStore:
         key = (record.job_id, record.run_at_ms, record.attempt_group)
         entry = (failure.attempt, failure.to_json())
         row = self.session.execute(self._get_run, key).one()
+        if row is None and self._of_replaced(record.job_id, record.run_at_ms):
+            return
         ended_attempt = max(failure.attempt, 0 if row is None else row.ended_attempt or 0)
         delivery = max(record.attempt, 0 if row is None else _delivery(row))
         state = "scheduled" if row is None or row.state is None else row.state
@@ -1049,6 +1129,8 @@ class CassandraScheduleStore:
         key = (record.job_id, record.run_at_ms, record.attempt_group)
         row = self.session.execute(self._run_state, key).one()
         if row is not None and row.state in ("succeeded", "cancelled"):
+            return
+        if row is None and self._of_replaced(record.job_id, record.run_at_ms):
             return
         job = self.session.execute(self._job_state, (record.job_id,)).one()
         if job is not None and job.state == "cancelled":
@@ -1279,6 +1361,7 @@ class CassandraScheduleStore:
             jitter_ms=row.jitter_ms,
             created_at_ms=row.created_at_ms,
             next_run=nxt,
+            runs_since_ms=row.runs_since_ms or 0,
         )
 
     @staticmethod

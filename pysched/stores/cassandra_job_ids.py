@@ -1,6 +1,7 @@
 """Job ids on Cassandra: which registration holds each one.
 
-An id is used once (protocols.JobExists), so registering a job first claims
+An id is held by one job at a time (protocols.JobExists; a cancelled job's is taken
+over by _take_cancelled), so registering a job first claims
 its id with a lightweight transaction. A transaction per id made bulk
 registration a Paxos round per job (about 600 jobs/s on the development
 machine); here the ids live in a table of ``ID_BUCKETS`` Cassandra

@@ -33,6 +33,7 @@ from pysched.protocols import (
     RunRecord,
     check_triggerable,
     is_near,
+    replaced_runs,
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
@@ -89,28 +90,43 @@ class SQLiteScheduleStore:
     # -- registration ---------------------------------------------------------
 
     def add_job(self, job: Job, partition: int, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
-        if self.add_jobs([(job, partition, jitter_ms, first)], now_ms):
-            raise JobExists.for_state(job.id, self.get_job(job.id).state)
+        refused = self._add([(job, partition, jitter_ms, first)], now_ms)
+        if job.id in refused:
+            raise refused[job.id]
         return self.get_job(job.id)
 
     def add_jobs(self, items: Sequence[Registration], now_ms: int) -> list[str]:
+        return list(self._add(items, now_ms))
+
+    def _add(self, items: Sequence[Registration], now_ms: int) -> dict[str, JobExists]:
+        """Register ``items``; the ids refused, each with why. A cancelled
+        job's id is taken by the new job: the old job's runs, failures,
+        missed times, claims and running slot go in the same transaction
+        (replaced_runs)."""
         # The ids already taken are read once, under the write lock, so the
         # rest go in as two statements run over every row, not two a job; an
         # id given twice keeps its first.
-        existing: list[str] = []
-        fresh: list[Registration] = []
+        refused: dict[str, JobExists] = {}
+        fresh: list[tuple[Job, int, int, PlannedRun | None, int]] = []
         with self.db.transaction() as conn:
             taken = self._taken_ids(conn, [job.id for job, _, _, _ in items])
-            for item in items:
-                job_id = item[0].id
-                if job_id in taken:
-                    existing.append(job_id)
-                else:
-                    taken.add(job_id)
-                    fresh.append(item)
+            for job, partition, jitter, first in items:
+                state = taken.get(job.id)
+                since = 0
+                if state == "cancelled":
+                    try:
+                        since = self._drop_cancelled(conn, job.id, first, now_ms)
+                    except JobExists as exc:
+                        refused[job.id] = exc
+                        continue
+                elif state is not None:
+                    refused[job.id] = JobExists.for_state(job.id, state)
+                    continue
+                taken[job.id] = "registered"
+                fresh.append((job, partition, jitter, first, since))
             conn.executemany(
-                "INSERT INTO jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms,"
+                " runs_since_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         job.id,
@@ -120,8 +136,9 @@ class SQLiteScheduleStore:
                         jitter,
                         now_ms,
                         now_ms,
+                        since,
                     )
-                    for job, partition, jitter, first in fresh
+                    for job, partition, jitter, first, since in fresh
                 ],
             )
             conn.executemany(
@@ -129,23 +146,43 @@ class SQLiteScheduleStore:
                 " VALUES (?, ?, ?, ?, 'scheduled')",
                 [
                     (job.id, first.run_at_ms, first.due_ms, partition)
-                    for job, partition, _, first in fresh
+                    for job, partition, _, first, _ in fresh
                     if first is not None
                 ],
             )
-            for partition in sorted({partition for _, partition, _, first in fresh if is_near(first, now_ms)}):
+            for partition in sorted({partition for _, partition, _, first, _ in fresh if is_near(first, now_ms)}):
                 self._bump(conn, partition)
-        return existing
+        return refused
 
     @staticmethod
-    def _taken_ids(conn: sqlite3.Connection, job_ids: Sequence[str]) -> set[str]:
-        taken: set[str] = set()
+    def _drop_cancelled(conn: sqlite3.Connection, job_id: str, first: PlannedRun | None, now_ms: int) -> int:
+        """Delete the cancelled job ``job_id`` and all that is kept of it,
+        for a new job of that id whose first run is ``first``; the new
+        job's runs_since_ms. A record of the old job still travelling names
+        a run id that no longer exists (ids are never reused): nothing it
+        writes lands."""
+        runs = conn.execute(
+            "SELECT run_id, run_at_ms, attempt_group, state, dispatched_at_ms FROM runs WHERE job_id = ?", (job_id,)
+        ).fetchall()
+        since = replaced_runs(job_id, [(int(r[1]), str(r[3]), r[4]) for r in runs], first, now_ms)
+        keys = [(idempotency_key(job_id, int(r[1]), int(r[2])),) for r in runs]
+        conn.executemany("DELETE FROM run_failures WHERE run_id = ?", [(r[0],) for r in runs])
+        conn.executemany("DELETE FROM claims WHERE idem_key = ?", keys)
+        conn.executemany("DELETE FROM checkpoints WHERE idem_key = ?", keys)
+        for table in ("runs", "missed_runs", "running_slots", "jobs"):
+            conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+        return since
+
+    @staticmethod
+    def _taken_ids(conn: sqlite3.Connection, job_ids: Sequence[str]) -> dict[str, str]:
+        """The ids of ``job_ids`` registered, each with its job's state."""
+        taken: dict[str, str] = {}
         for start in range(0, len(job_ids), _CHUNK):
             rows = conn.execute(
-                "SELECT j.job_id FROM json_each(?) ids JOIN jobs j ON j.job_id = ids.value",
+                "SELECT j.job_id, j.state FROM json_each(?) ids JOIN jobs j ON j.job_id = ids.value",
                 (json.dumps(job_ids[start : start + _CHUNK]),),
             )
-            taken.update(str(row[0]) for row in rows)
+            taken.update((str(row[0]), str(row[1])) for row in rows)
         return taken
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
@@ -251,7 +288,10 @@ class SQLiteScheduleStore:
     def get_job(self, job_id: str) -> JobRecord:
         row = (
             self.db.connection()
-            .execute("SELECT spec, state, partition, jitter_ms, created_at_ms FROM jobs WHERE job_id = ?", (job_id,))
+            .execute(
+                "SELECT spec, state, partition, jitter_ms, created_at_ms, runs_since_ms FROM jobs WHERE job_id = ?",
+                (job_id,),
+            )
             .fetchone()
         )
         if row is None:
@@ -261,7 +301,10 @@ class SQLiteScheduleStore:
     def list_jobs(self) -> list[JobRecord]:
         rows = (
             self.db.connection()
-            .execute("SELECT job_id, spec, state, partition, jitter_ms, created_at_ms FROM jobs ORDER BY job_id")
+            .execute(
+                "SELECT job_id, spec, state, partition, jitter_ms, created_at_ms, runs_since_ms FROM jobs"
+                " ORDER BY job_id"
+            )
             .fetchall()
         )
         return [self._job_record(r[0], r[1:]) for r in rows]
@@ -812,7 +855,7 @@ class SQLiteScheduleStore:
         )
 
     def _job_record(self, job_id: str, row: Sequence[object]) -> JobRecord:
-        spec, state, partition, jitter_ms, created_at_ms = row
+        spec, state, partition, jitter_ms, created_at_ms, runs_since_ms = row
         nxt = (
             self.db.connection()
             .execute(
@@ -831,4 +874,5 @@ class SQLiteScheduleStore:
             jitter_ms=int(str(jitter_ms)),
             created_at_ms=int(str(created_at_ms)),
             next_run=PlannedRun(int(nxt[0]), int(nxt[1])) if nxt else None,
+            runs_since_ms=int(str(runs_since_ms)),
         )

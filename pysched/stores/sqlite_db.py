@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     partition INTEGER NOT NULL,
     jitter_ms INTEGER NOT NULL,
     created_at_ms INTEGER NOT NULL,
-    updated_at_ms INTEGER NOT NULL
+    updated_at_ms INTEGER NOT NULL,
+    runs_since_ms INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS runs (
     run_id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -206,6 +207,7 @@ class SQLiteDatabase:
                     if statement.strip():
                         conn.execute(statement)
                 _add_attempt_columns(conn)
+                _add_runs_since_column(conn)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
@@ -283,6 +285,14 @@ def _add_attempt_columns(conn: sqlite3.Connection) -> None:
         "UPDATE runs SET delivery = attempt,"
         " ended_attempt = CASE WHEN state IN ('retrying', 'failed', 'interrupted') THEN attempt ELSE 0 END"
     )
+
+
+def _add_runs_since_column(conn: sqlite3.Connection) -> None:
+    """A database made before a cancelled job's id could be registered
+    again: none of its jobs replaced another."""
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(jobs)")}
+    if "runs_since_ms" not in columns:
+        conn.execute("ALTER TABLE jobs ADD COLUMN runs_since_ms INTEGER NOT NULL DEFAULT 0")
 
 
 def _create(path: str, partitions: int | None) -> bool:

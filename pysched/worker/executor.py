@@ -65,6 +65,7 @@ from pysched.protocols import (
     RunRecord,
     ScheduleStore,
     next_attempt,
+    of_replaced_job,
 )
 from pysched.records import DispatchRecord
 from pysched.retries import LOST, lost_not_retried, retry_delay_ms
@@ -689,6 +690,12 @@ class Executor:
             # behind it go on.
             error = f"the job's stored definition no longer validates: {exc.errors()[0].get('msg', exc)}"
             return Ended("failed", error, None, self.clock.now_ms(), kind="invalid")
+        if job_record is not None and of_replaced_job(job_record, record.run_at_ms):
+            # Its id was taken since by a new job: nothing of it is the new
+            # job's (the store records nothing of it either).
+            return Ended(
+                "cancelled", "job cancelled before the run, and its id taken by a new job", None, self.clock.now_ms()
+            )
         if job_record is None or job_record.state == "cancelled":
             why = "job cancelled before the run"
             if lost is not None:

@@ -1,0 +1,115 @@
+"""A cancelled job's id taken by a new job, end to end on the embedded
+engine: what the old job's worker still does (a run queued, a run under
+way) is never the new job's, and the new job's runs are its own."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pysched import native
+from pysched.clock import SystemClock
+from pysched.dispatch.inprocess import InProcessDispatcher
+from pysched.leader.recording import record_sent
+from pysched.model import Job
+from pysched.node import Backends, open_embedded
+from pysched.planning import partition_for
+from pysched.protocols import PlannedRun
+from pysched.registry import register
+from pysched.targets import RunContext
+from pysched.worker import DeliveryWorker, Executor, WorkerConfig
+
+CONFIG = WorkerConfig(concurrency=1, batch=4, retry_base_s=0.01, retry_max_s=0.05)
+
+_calls: list[str] = []
+# Run by the target while it runs: the job is replaced under it.
+_while_running: list[Backends] = []
+
+
+def call(ctx: RunContext) -> str:
+    _calls.append(ctx.idempotency_key)
+    while _while_running:
+        _replace(_while_running.pop())
+    return "done"
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    _calls.clear()
+    _while_running.clear()
+    yield
+    _calls.clear()
+    _while_running.clear()
+
+
+@pytest.fixture
+def backends(tmp_path: Path) -> Iterator[Backends]:
+    opened = open_embedded(tmp_path / "pysched.db")
+    yield opened
+    opened.close()
+
+
+def _job(at_ms: int) -> Job:
+    return Job.model_validate(
+        {
+            "id": "nightly",
+            "schedule": {"kind": "once", "run_at_ms": at_ms},
+            "target": {"kind": "python", "ref": f"{__name__}:call"},
+        }
+    )
+
+
+def _replace(backends: Backends) -> None:
+    """Cancel the job, as a prune does, and declare it again: a new job at
+    the id, first running a minute from now."""
+    now = SystemClock().now_ms()
+    backends.store.cancel_job("nightly", now)
+    register(backends.store, _job(now + 60_000), now)
+
+
+def _queue_old_run(backends: Backends, dispatcher: InProcessDispatcher) -> str:
+    """Register the job with a run due now, hand it on as a leader does and
+    queue it; its idempotency key."""
+    now = SystemClock().now_ms()
+    job = _job(now - 1_000)
+    partition = partition_for(job.id, backends.store.partitions)
+    backends.store.add_job(job, partition, 0, PlannedRun(now - 1_000, now - 1_000), now - 1_000)
+    fences = backends.coordinator.poll("leader", now)
+    (row,) = backends.store.due_runs(fences, now + 1_000, now)
+    record_sent(backends.store, [row], fences, {}, now)
+    payload = native.encode_batch([row], fences[row.partition], now)[0]
+    dispatcher.publish([row.partition], [payload])
+    return native.decode(payload).idempotency_key
+
+
+def _step(backends: Backends, dispatcher: InProcessDispatcher) -> None:
+    executor = Executor(backends.claims, backends.store, SystemClock(), "node-1", CONFIG)
+    worker = DeliveryWorker(dispatcher.consumer(), executor, random.Random(3), CONFIG.batch)
+    assert worker.step(SystemClock().now_ms())
+
+
+def test_a_queued_run_of_a_replaced_job_never_runs_as_the_new_one(backends: Backends) -> None:
+    dispatcher = InProcessDispatcher()
+    _queue_old_run(backends, dispatcher)
+    _replace(backends)
+    _step(backends, dispatcher)
+    assert _calls == []
+    assert backends.store.history("nightly") == []
+    assert backends.store.get_job("nightly").state == "active"
+
+
+def test_a_late_outcome_of_a_replaced_jobs_run_lands_not_in_the_new_jobs_history(backends: Backends) -> None:
+    dispatcher = InProcessDispatcher()
+    old_key = _queue_old_run(backends, dispatcher)
+    # Replaced while its run is under way: the run ends after.
+    _while_running.append(backends)
+    _step(backends, dispatcher)
+    assert _calls == [old_key]
+    job = backends.store.get_job("nightly")
+    assert job.state == "active" and job.next_run is not None
+    assert backends.store.history("nightly") == [] and backends.store.dead_letters() == []
+    # The new job's run has a key of its own, unclaimed.
+    assert job.next_run.run_at_ms > int(old_key.split(":")[1])
