@@ -8,7 +8,9 @@ module's own jobs (those whose target is one of its functions): an id held
 by another job, a paused, cancelled or completed job whose declaration
 changed, and a new one-shot whose time has passed are skipped, each with
 its reason. With ``prune``, the module's jobs it no longer declares are
-cancelled; their history stays.
+cancelled; their history stays. A cancelled job of the module that is
+declared again is added anew (a new job with a new history), so a sync
+after the declaration is restored undoes a prune.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ def sync_module(client: Client, module: ModuleType | str, *, prune: bool, dry_ru
             current: JobRecord | None = client.get(job.id)
         except JobNotFound:
             current = None
+        if current is not None and current.state == "cancelled" and _owned(current.job, mod.__name__):
+            # Declared again after a prune (or a cancel): a new job takes
+            # the id, with a history of its own.
+            current = None
         if current is None:
             if isinstance(job.schedule, OnceSchedule) and job.schedule.run_at_ms < now:
                 skipped.append(Skipped(job.id, "its one run's time has passed"))
@@ -78,8 +84,6 @@ def sync_module(client: Client, module: ModuleType | str, *, prune: bool, dry_ru
             added.append(job.id)
         elif not _owned(current.job, mod.__name__):
             skipped.append(Skipped(job.id, f"a job of that id exists that is not one of {mod.__name__}'s functions"))
-        elif current.state == "cancelled":
-            skipped.append(Skipped(job.id, _why_not_updated(current)))
         elif current.job == job:
             unchanged.append(job.id)
         elif current.state != "active":
@@ -97,7 +101,6 @@ def sync_module(client: Client, module: ModuleType | str, *, prune: bool, dry_ru
 def _why_not_updated(current: JobRecord) -> str:
     return {
         "paused": "paused: resume it, then sync, to give it the new definition",
-        "cancelled": "cancelled, and a cancelled job's id is not used again: declare the job under another id",
         "completed": "completed: it has no runs to come; declare the job under another id",
     }.get(current.state, f"{current.state}: not updated")
 

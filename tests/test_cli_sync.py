@@ -45,6 +45,13 @@ def test_sync_adds_then_changes_nothing_then_prunes(tmp_path: Path) -> None:
     assert "cancelled cleanup" in pruned.stdout
     assert "myjobs: 1 declared: 0 added, 0 updated, 1 unchanged; 1 no longer declared cancelled" in pruned.stdout
     assert json.loads(cli("show", "cleanup", "--json", db=db).stdout)["state"] == "cancelled"
+    # The declaration restored, a sync adds the job again: an accidental
+    # prune undone.
+    write(tmp_path, "myjobs", DECLARED)
+    restored = cli("sync", "myjobs", "--prune", db=db, cwd=tmp_path)
+    assert "added cleanup: next run " in restored.stdout
+    assert "myjobs: 2 declared: 1 added, 0 updated, 1 unchanged" in restored.stdout
+    assert json.loads(cli("show", "cleanup", "--json", db=db).stdout)["state"] == "active"
     report = json.loads(cli("show", "myjobs.report", "--json", db=db).stdout)
     assert report["target"] == {"kind": "python", "ref": "myjobs:report", "timeout_s": None}
     assert report["retry"]["retries"] == 5

@@ -218,11 +218,26 @@ def test_sync_changes_only_the_modules_own_jobs_and_says_why_it_skips(client: Cl
     assert report.added == (f"{module}.report",)
     assert [s.job_id for s in report.skipped] == ["cleanup"] and "not one of" in report.skipped[0].reason
     assert client.get("cleanup").job.target == pysched.ShellTarget(command="true")
-    # A cancelled job is skipped, though its declaration is the same.
+    # A cancelled job of the module, still declared, is added again.
     client.cancel(f"{module}.report")
     again = client.sync(module)
-    assert (again.unchanged, [s.job_id for s in again.skipped]) == ((), ["cleanup", f"{module}.report"])
-    assert "cancelled" in again.skipped[1].reason
+    assert (again.added, [s.job_id for s in again.skipped]) == ((f"{module}.report",), ["cleanup"])
+    assert client.get(f"{module}.report").state == "active"
+
+
+def test_a_sync_after_the_declaration_is_restored_undoes_a_prune(client: Client, tmp_path: Path) -> None:
+    module = declaring_module(tmp_path, TWO_JOBS)
+    client.sync(module)
+    write_module(tmp_path, module, TWO_JOBS.split('@pysched.job(cron="*/15')[0])
+    assert client.sync(module, prune=True).pruned == ("cleanup",)
+    # Its pending run, cancelled with it, is the old job's history.
+    assert [r.state for r in client.history("cleanup")] == ["cancelled"]
+    write_module(tmp_path, module, TWO_JOBS)
+    restored = client.sync(module, prune=True)
+    assert (restored.added, restored.unchanged, restored.pruned) == (("cleanup",), (f"{module}.report",), ())
+    job = client.get("cleanup")
+    assert job.state == "active" and job.next_run is not None and job.job.critical
+    assert client.history("cleanup") == []
 
 
 def test_sync_goes_on_once_a_declared_one_shot_has_run(client: Client, tmp_path: Path) -> None:
