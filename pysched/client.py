@@ -516,7 +516,11 @@ class Client:
         idempotency key of its own, handed on at once. A completed one-shot
         may be run again; a paused job must be resumed first. Raises
         JobNotFound, JobNotActive."""
-        return self.store.trigger(job_id, self.clock.now_ms())
+        # Never before the job took its id: a client whose clock is behind
+        # the registering one's would give the run a time of the job it
+        # replaced, and a worker would take it for that job's.
+        since = self.store.get_job(job_id).runs_since_ms
+        return self.store.trigger(job_id, max(self.clock.now_ms(), since))
 
     def replace(self, job: Job | Mapping[str, Any], *, import_target: bool = True) -> JobRecord:
         """Give an active job a new definition, schedule and all (what

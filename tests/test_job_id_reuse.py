@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pysched import native
-from pysched.clock import SystemClock
+from pysched import Client, native
+from pysched.clock import ManualClock, SystemClock
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader.recording import record_sent
 from pysched.model import Job
@@ -113,3 +113,15 @@ def test_a_late_outcome_of_a_replaced_jobs_run_lands_not_in_the_new_jobs_history
     assert backends.store.history("nightly") == [] and backends.store.dead_letters() == []
     # The new job's run has a key of its own, unclaimed.
     assert job.next_run.run_at_ms > int(old_key.split(":")[1])
+
+
+def test_a_trigger_from_a_clock_behind_is_never_taken_for_the_replaced_jobs_run(tmp_path: Path) -> None:
+    ahead, behind = SystemClock(), ManualClock(SystemClock().now_ms() - 60_000)
+    with Client(tmp_path / "t.db", clock=ahead) as client:
+        client.add(_job(ahead.now_ms() + 3_600_000))
+        client.cancel("nightly")
+        again = client.add(_job(ahead.now_ms() + 3_600_000))
+    with Client(tmp_path / "t.db", clock=behind) as late:
+        run = late.trigger("nightly")
+        # Of the new job: a worker cancels a record from before its time.
+        assert run.run_at_ms >= again.runs_since_ms
