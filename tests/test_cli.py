@@ -26,7 +26,7 @@ from tests.helpers import PYSCHED, cli, cli_json
         (["--at", "2001-01-01T00:00:00+00:00", "--shell", "true"], "--at:"),
         (["--in", "-3", "--shell", "true"], "--in: seconds from now, from 0 to"),
         (["--in", "3"], "give exactly one of --shell, --python, --http"),
-        (["--in", "3", "--cron", "* * * * *", "--shell", "true"], "give exactly one of --cron, --at, --in"),
+        (["--in", "3", "--cron", "* * * * *", "--shell", "true"], "give exactly one of --cron, --every, --at, --in"),
         (["--in", "3", "--python", "not a ref"], "--python: module:function"),
         (["--in", "3", "--http", "ftp://example.org/x"], "--http:"),
         (["--in", "3", "--shell", "true", "--jitter", "-1"], "--jitter: seconds, a number from 0 to 3600"),
@@ -257,14 +257,15 @@ def test_up_with_a_bad_batch_is_refused_in_words(db_path: Path, batch: str) -> N
     assert not db_path.exists()
 
 
-def test_a_cancelled_id_is_refused_with_the_reason(db_path: Path) -> None:
+def test_a_cancelled_id_is_added_again_as_a_new_job_and_a_live_one_is_refused(db_path: Path) -> None:
     cli("add", "nightly", "--cron", "0 2 * * *", "--shell", "true", db=db_path)
+    refused = cli("add", "nightly", "--cron", "0 3 * * *", "--shell", "false", db=db_path, check=False)
+    assert refused.returncode == 2 and "id: job 'nightly' already exists" in refused.stderr, refused.stderr
     cli("cancel", "nightly", db=db_path)
-    proc = cli("add", "nightly", "--cron", "0 3 * * *", "--shell", "false", db=db_path, check=False)
-    assert proc.returncode == 2
-    assert "id: job 'nightly' was cancelled" in proc.stderr and "new id" in proc.stderr
+    cli("add", "nightly", "--cron", "0 3 * * *", "--shell", "false", db=db_path)
     (job,) = cli_json("ls", db=db_path)
-    assert job["state"] == "cancelled" and job["target"]["command"] == "true"
+    assert job["state"] == "active" and job["target"]["command"] == "false"
+    assert cli_json("history", "nightly", db=db_path) == []
 
 
 def test_the_faces_say_each_thing_once_and_in_words(db_path: Path) -> None:

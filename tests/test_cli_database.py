@@ -74,12 +74,19 @@ def test_a_database_made_before_the_mark_is_still_used(db_path: Path) -> None:
 def test_a_database_made_before_runs_kept_deliveries_apart_keeps_its_runs_owed(db_path: Path) -> None:
     # Its ``attempt`` was the delivery: a run retrying after its second
     # delivery failed is handed on as the third, and starts as attempt 3.
-    old = SCHEMA.replace("    delivery INTEGER NOT NULL DEFAULT 0,\n", "").replace(
-        "    ended_attempt INTEGER NOT NULL DEFAULT 0,\n", ""
+    # Nor did its jobs know when their runs began (an id used once).
+    old = (
+        SCHEMA.replace("    delivery INTEGER NOT NULL DEFAULT 0,\n", "")
+        .replace("    ended_attempt INTEGER NOT NULL DEFAULT 0,\n", "")
+        .replace(
+            "    updated_at_ms INTEGER NOT NULL,\n    runs_since_ms INTEGER NOT NULL DEFAULT 0\n",
+            "    updated_at_ms INTEGER NOT NULL\n",
+        )
     )
     with sqlite3.connect(db_path) as conn:
         conn.executescript(old)
         assert "delivery" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+        assert "runs_since_ms" not in {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
         conn.execute("INSERT INTO jobs VALUES ('job', '{}', 'active', 0, 0, 0, 0)")
         conn.execute(
             "INSERT INTO runs (job_id, run_at_ms, due_ms, partition, attempt, state)"
