@@ -125,3 +125,34 @@ def test_a_trigger_from_a_clock_behind_is_never_taken_for_the_replaced_jobs_run(
         run = late.trigger("nightly")
         # Of the new job: a worker cancels a record from before its time.
         assert run.run_at_ms >= again.runs_since_ms
+
+
+@pytest.mark.parametrize("old_schedule", [{"kind": "every", "every_s": 10}, {"kind": "once", "run_at_ms": 0}])
+def test_a_run_sent_just_before_its_job_was_replaced_plans_nothing_for_the_new_job(
+    backends: Backends, monkeypatch: pytest.MonkeyPatch, old_schedule: dict[str, object]
+) -> None:
+    """The leader plans the sent run's successor from a read; the job is
+    cancelled and its id taken by a new job before the plan is written: the
+    old schedule's next run (or completion) is not the new job's."""
+    store, t0 = backends.store, 1_800_000_000_000
+    spec = {"id": "R", "jitter_window_s": 0, "target": {"kind": "shell", "command": "echo"}}
+    schedule = {**old_schedule, "run_at_ms": t0 + 5_000} if old_schedule["kind"] == "once" else old_schedule
+    old = register(store, Job.model_validate({**spec, "schedule": schedule}), t0)
+    assert old.next_run is not None
+    now = old.next_run.due_ms
+    store.raise_fence(old.partition, 1)
+    rows = store.due_runs({old.partition: 1}, now + 1, now)
+    hourly = {"kind": "every", "every_s": 3600, "start_ms": now + 3_600_000}
+    planning_state = store.planning_state
+
+    def replaced_meanwhile(job_ids: list[str]) -> object:
+        state = planning_state(job_ids)
+        store.cancel_job("R", now)
+        register(store, Job.model_validate({**spec, "schedule": hourly}), now + 1)
+        return state
+
+    monkeypatch.setattr(store, "planning_state", replaced_meanwhile)
+    record_sent(store, rows, {old.partition: 1}, {}, now)
+    new = store.get_job("R")
+    assert new.state == "active"
+    assert new.next_run is not None and new.next_run.run_at_ms == now + 3_600_000

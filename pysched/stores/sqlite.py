@@ -448,13 +448,23 @@ class SQLiteScheduleStore:
                 [(r.attempt, fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
             )
             # Planned from a read before this transaction: a job cancelled or
-            # completed since keeps its state and gets no run.
+            # completed since keeps its state and gets no run, nor does a job
+            # that has taken the id of the cancelled one whose run was sent
+            # (its runs begin after any run of the one it replaced).
+            sent_at = {r.job_id: r.run_at_ms for r in rows if r.attempt_group == 0}
             for nxt in next_runs.runs:
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO runs (job_id, run_at_ms, due_ms, partition, state)"
                     " SELECT ?, ?, ?, ?, 'scheduled' WHERE EXISTS"
-                    " (SELECT 1 FROM jobs WHERE job_id = ? AND state = 'active')",
-                    (nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, nxt.job_id),
+                    " (SELECT 1 FROM jobs WHERE job_id = ? AND state = 'active' AND runs_since_ms <= ?)",
+                    (
+                        nxt.job_id,
+                        nxt.run.run_at_ms,
+                        nxt.run.due_ms,
+                        nxt.partition,
+                        nxt.job_id,
+                        sent_at.get(nxt.job_id, nxt.run.run_at_ms),
+                    ),
                 )
                 if cur.rowcount == 1 and cur.lastrowid is not None:
                     stored.append(
@@ -463,8 +473,9 @@ class SQLiteScheduleStore:
                 if nxt.missed is not None:
                     self._insert_missed(conn, nxt.missed)
             conn.executemany(
-                "UPDATE jobs SET state = 'completed', updated_at_ms = ? WHERE job_id = ? AND state = 'active'",
-                [(now_ms, job_id) for job_id in next_runs.completed],
+                "UPDATE jobs SET state = 'completed', updated_at_ms = ? WHERE job_id = ? AND state = 'active'"
+                " AND runs_since_ms <= ?",
+                [(now_ms, job_id, sent_at.get(job_id, now_ms)) for job_id in next_runs.completed],
             )
             # Shown by `pysched status`; reads go by each run's state, never
             # by the watermark.
