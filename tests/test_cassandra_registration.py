@@ -146,3 +146,29 @@ def test_jobs_registered_before_ids_were_claimed_keep_their_ids(session_and_conf
     assert register_many(store, [job("older"), job("newer")], 1_900_000_000_000) == ["older"]
     with pytest.raises(JobExists):
         store.add_job(job("older"), 0, 0, far_run(), 1_900_000_000_000)
+
+
+def test_a_cancelled_id_another_registration_has_just_taken_is_not_taken_from_it(
+    session_and_config: tuple[Any, Any],
+) -> None:
+    """Two clients register a cancelled job's id at once: the first has
+    taken the id's claim and not yet written its job (the row still says
+    cancelled); the second must be refused, not take the claim over and
+    delete what the first is writing. Past the grace, a first that died is
+    taken over."""
+    session, config = session_and_config
+    store = CassandraScheduleStore(session, config)
+    now = 1_900_000_000_000
+    for job_id in ("busy", "died"):
+        register_many(store, [job(job_id)], now - 10 * REGISTERING_GRACE_MS)
+        store.cancel_job(job_id, now - 10 * REGISTERING_GRACE_MS)
+    take = session.prepare(
+        f"UPDATE {config.keyspace}.job_ids SET owner = 'first', claimed_at_ms = ? WHERE bucket = ? AND job_id = ?"
+    )
+    session.execute(take, (now - 1_000, bucket_of("busy"), "busy"))
+    session.execute(take, (now - REGISTERING_GRACE_MS - 1, bucket_of("died"), "died"))
+    with pytest.raises(JobExists, match="being registered by another client"):
+        store.add_job(job("busy"), 0, 0, far_run(), now)
+    assert store.get_job("busy").state == "cancelled"
+    assert register_many(store, [job("died")], now) == []
+    assert store.get_job("died").state == "active"

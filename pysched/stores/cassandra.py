@@ -665,6 +665,13 @@ class CassandraScheduleStore:
         its time and is dropped (_of_replaced); so is one handed on from a
         schedule row not found here (a hand-back's), by the worker."""
         job_id = held.job_id
+        # The claim is the cancelled job's own (made with its row, at its
+        # creation time) or a newer registration's, which took it over and
+        # may still be writing its job: that one is not to be taken from,
+        # unless it died, its grace past.
+        in_flight = held.claimed_at_ms != self._row(job_id).created_at_ms
+        if in_flight and held.claimed_at_ms > now_ms - job_id_tables.REGISTERING_GRACE_MS:
+            raise JobExists(f"job {job_id!r} is being registered by another client")
         runs = list(self.session.execute(self._job_runs, (job_id,)))
         runs_since = replaced_runs(job_id, [(r.run_at_ms, r.state, r.dispatched_at_ms) for r in runs], first, now_ms)
         if not self._job_ids.take_over(held, owner, now_ms):
