@@ -35,13 +35,15 @@ def parse_seconds(text: str) -> float:
 
 
 def format_seconds(seconds: float) -> str:
-    """``seconds`` the way parse_seconds reads it back, shortest first:
-    300 is 5m, 5400 is 1h30m, 1.5 is 1.5s."""
-    if seconds != int(seconds) or seconds < 1:
-        return f"{seconds:g}s"
-    rest, parts = int(seconds), []
-    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)):
-        count, rest = divmod(rest, size)
+    """``seconds`` the way parse_seconds reads it back, to the millisecond:
+    300 is 5m, 5400 is 1h30m, 1.5 is 1.5s, 90061.25 is 1d1h1m1.25s."""
+    millis = round(seconds * 1000)
+    whole, fraction = divmod(millis, 1000)
+    parts = []
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        count, whole = divmod(whole, size)
         if count:
             parts.append(f"{count}{unit}")
+    if whole or fraction or not parts:
+        parts.append(f"{whole}.{fraction:03d}".rstrip("0").rstrip(".") + "s")
     return "".join(parts)

@@ -93,6 +93,12 @@ class IntervalSchedule(_Strict):
             return durations.parse_seconds(value)
         return value
 
+    @field_validator("every_s")
+    @classmethod
+    def _to_the_millisecond(cls, every_s: float) -> float:
+        # What is stored is what fires and what is shown: times are in ms.
+        return round(every_s * 1000) / 1000
+
     @property
     def every_ms(self) -> int:
         return round(self.every_s * 1000)

@@ -37,11 +37,27 @@ def every(seconds: float | str, start_ms: int | None = None) -> IntervalSchedule
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("90", 90), ("90s", 90), ("5m", 300), ("1h30m", 5400), ("2d", 172_800), ("1w", 604_800), ("1.5s", 1.5)],
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("5m", 300),
+        ("1h30m", 5400),
+        ("2d", 172_800),
+        ("1w", 604_800),
+        ("1.5s", 1.5),
+        ("14d6h56m7.25s", 1234567.25),
+        ("1h0.001s", 3600.001),
+    ],
 )
 def test_durations_read_as_people_write_them_and_print_back_the_same(text: str, seconds: float) -> None:
     assert durations.parse_seconds(text) == seconds
     assert durations.parse_seconds(durations.format_seconds(seconds)) == seconds
+
+
+def test_an_interval_is_kept_shown_and_fired_to_the_millisecond() -> None:
+    kept = every(1.0004)
+    assert (kept.every_s, kept.every_ms, durations.format_seconds(kept.every_s)) == (1.0, 1000, "1s")
+    assert durations.format_seconds(every(123456.5).every_s) == "1d10h17m36.5s"
 
 
 @pytest.mark.parametrize("text", ["", "abc", "5 minutes", "m5", "5mm", "-5m", "inf", "nan"])
