@@ -95,3 +95,28 @@ def test_a_failing_downstream_is_held_to_the_budget_and_every_run_completes_once
     assert len(answers) == RUNS
     assert Counter(statuses.count(200) for statuses in answers.values()) == Counter({1: RUNS})
     assert downstream.count(503) == failed_calls  # nothing failed after the recovery
+
+
+def test_runs_stopped_by_a_cancel_are_no_failures_of_their_downstream(tmp_path: Path, db_path: Path) -> None:
+    """Cancelling a job stops its running command: the shell's SIGTERM exit
+    is the cancel's doing, not the downstream's, whose breaker must not count
+    it towards opening and parking the other jobs that call it."""
+    log = tmp_path / "node.log"
+    node = start_node(db_path, tmp_path, log, "--quiet", "--workers", "4", "--lease", "3")
+    try:
+        for job_id in ("long-a", "long-b"):
+            cli("add", job_id, "--in", "1", "--shell", "sleep 30", "--downstream", "pg:orders", db=db_path)
+        for job_id in ("long-a", "long-b"):
+            wait_for(lambda j=job_id: _run_state(db_path, j) == "running", 60, f"{job_id} to run", log)
+            cli("cancel", job_id, db=db_path)
+        for job_id in ("long-a", "long-b"):
+            wait_for(lambda j=job_id: _run_state(db_path, j) == "cancelled", 60, f"{job_id} to be stopped", log)
+    finally:
+        stop_node(node)
+    breakers = {b["downstream"]: b for b in cli_json("breakers", db=db_path)}
+    assert breakers.get("pg:orders", {}).get("consecutive_failures", 0) == 0, breakers
+
+
+def _run_state(db: Path, job_id: str) -> str | None:
+    runs = cli_json("history", job_id, db=db)
+    return str(runs[0]["state"]) if runs else None

@@ -780,7 +780,10 @@ class Executor:
             # Stopped by us, not failed: its downstream is not to blame.
             error = "replaced: a newer run of the job came due while this one ran (overlap replace)"
             return Ended("cancelled", error, outcome.result, self.clock.now_ms())
-        self.downstreams.ended(downstream, outcome.kind, outcome.succeeded)
+        if execution.stop_reason is None:
+            # A run stopped here (its job cancelled, its lease lost, the node
+            # stopping) failed by our hand: its downstream learns nothing.
+            self.downstreams.ended(downstream, outcome.kind, outcome.succeeded)
         return Ended(
             "succeeded" if outcome.succeeded else "failed",
             outcome.error,
