@@ -326,3 +326,27 @@ def test_a_stop_past_its_grace_records_the_runs_that_ended_and_wait_in_their_bat
         _blocking.clear()
     assert _runs == keys
     assert [r.state for r in backends.store.history("job-00")] == ["succeeded"]
+
+
+def test_a_run_of_a_batch_that_ended_is_recorded_before_the_next_of_its_batch_is_called(backends: Backends) -> None:
+    """One after another on one thread, as the simulator calls them: the
+    first run's end is in the store before the second target starts, so
+    that a crash while the second runs does not run the first again."""
+    dispatcher = InProcessDispatcher()
+    keys = _queue(backends, dispatcher, 2, "count_then_look")
+    _at_second_call.append(lambda: _seen.extend(r.state for r in backends.store.history("job-00")))
+    assert _worker(backends, dispatcher).step(SystemClock().now_ms())
+    assert _runs == keys
+    assert _seen == ["succeeded"]
+
+
+# What the second call of a batch does, and what it saw.
+_at_second_call: list[Callable[[], None]] = []
+_seen: list[str] = []
+
+
+def count_then_look(ctx: RunContext) -> None:
+    count_run(ctx)
+    if len(_runs) == 2:
+        while _at_second_call:
+            _at_second_call.pop()()

@@ -29,8 +29,8 @@ R = TypeVar("R")
 @dataclass(frozen=True)
 class Ends(Generic[T, R]):
     """Calls that have returned, with what each returned; ``more_running``:
-    whether others of the batch are still running (their ends are not to be
-    waited for before these are recorded)."""
+    whether others of the batch are still running or still to start (their
+    ends are not to be waited for before these are recorded)."""
 
     returned: list[tuple[T, R]]
     more_running: bool
@@ -45,11 +45,14 @@ class TargetCalls(Protocol):
 
 
 class InlineCalls:
-    """One after another on the caller's thread."""
+    """One after another on the caller's thread. Each return is yielded
+    before the next call starts, as one whose end is not to wait for the
+    calls after it: a run that ended is recorded before the next target of
+    its batch runs, or a crash during that one would have it run again."""
 
     def run(self, items: Iterable[T], call: Callable[[T], R]) -> Iterator[Ends[T, R]]:
         for item in items:
-            yield Ends([(item, call(item))], more_running=False)
+            yield Ends([(item, call(item))], more_running=True)
 
 
 class Capacity:
