@@ -285,3 +285,37 @@ def test_the_faces_say_each_thing_once_and_in_words(db_path: Path) -> None:
 
     assert issubclass(pysched.DatabaseUnusable, OSError)
     assert (_budget_left(0.5), _budget_left(-99.0), _budget_left(None)) == ("50.000%", "none: 100x spent", "-")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["add", "x1", "--in", "abc", "--shell", "true"], "error: --in: Input should be a valid number"),
+        (["history", "hello", "--limit", "0"], "error: --limit: Input should be greater than or equal to 1"),
+        (["history", "hello", "--limit", "abc"], "error: --limit: Input should be a valid integer"),
+        (["preview", "--cron", "* * * * *", "--count", "0"], "error: --count: Input should be greater than"),
+        (["up", "--workers", "abc"], "error: --workers: Input should be a valid integer"),
+        (["up", "--api", "99999"], "error: --api: Input should be less than or equal to 65535"),
+        (["up", "--api"], "error: --api: requires a value"),
+        (["api", "--port", "abc"], "error: --port: Input should be a valid integer"),
+        (["add", "x", "--bogus"], "error: no such option: --bogus"),
+        (["sync"], "error: missing argument MODULE"),
+        (["add"], "error: missing argument ID"),
+        (["nosuchcmd"], "error: no such command 'nosuchcmd'"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_flag(tmp_path: Path, args: list[str], said: str) -> None:
+    # Not cli(): its trailing --db would be the value of a flag left without one.
+    proc = subprocess.run([*PYSCHED, *args], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(said), proc.stderr
+    assert "╭" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_help_and_no_arguments_still_show_the_help(tmp_path: Path) -> None:
+    shown = subprocess.run([*PYSCHED, "history", "--help"], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert shown.returncode == 0 and "--limit" in shown.stdout and shown.stderr == ""
+    bare = subprocess.run([*PYSCHED], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert bare.returncode == 2 and "Commands" in bare.stdout and bare.stderr == ""

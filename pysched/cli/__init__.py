@@ -8,6 +8,16 @@ import sys
 
 import typer
 
+# Typer carries its own click: these are the exceptions its commands raise.
+from typer._click.exceptions import (
+    BadOptionUsage,
+    BadParameter,
+    MissingParameter,
+    NoArgsIsHelpError,
+    NoSuchOption,
+    UsageError,
+)
+
 from pysched.cli import api, breakers, catchup, deadletters, jobs, node, preview, slo, sync
 
 app = typer.Typer(
@@ -37,9 +47,53 @@ def main() -> None:
     # as it ends `cat`; `up` and `worker` keep Python's default, ignoring it.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
-        app()
+        # Not standalone: typer would box a usage error in a panel under the
+        # usage line; a refusal here is one line, as the commands' own are.
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        # The help is already printed; only its exit code is left.
+        sys.exit(exc.exit_code)
+    except UsageError as exc:
+        print(f"error: {usage_error(exc)}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:
         if os.environ.get("PYSCHED_DEBUG") == "1":
             raise
         print(f"error: unexpected {type(exc).__name__}: {exc} (PYSCHED_DEBUG=1 shows where)", file=sys.stderr)
         sys.exit(1)
+    # An Exit (--help, a refusal, Ctrl-C's 130) comes back as its code; a
+    # command that returns comes back as None.
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_error(exc: UsageError) -> str:
+    """A usage error in one line, led by the flag or argument at fault:
+    '--limit: Input should be ...', 'no such option: --bogus'."""
+    if isinstance(exc, MissingParameter) and exc.param is not None:
+        return f"missing {exc.param.param_type_name} {_param_name(exc)}"
+    if isinstance(exc, BadParameter) and exc.param is not None:
+        return f"{_param_name(exc)}: {_one_line(exc.message)}"
+    if isinstance(exc, NoSuchOption):
+        maybe = f"; did you mean {' or '.join(sorted(exc.possibilities))}?" if exc.possibilities else ""
+        return f"no such option: {exc.option_name}{maybe}"
+    if isinstance(exc, BadOptionUsage) and exc.message.endswith("requires an argument."):
+        return f"{exc.option_name}: requires a value"
+    message = _one_line(exc.format_message()).rstrip(".")
+    return message[:1].lower() + message[1:]
+
+
+def _param_name(exc: BadParameter) -> str:
+    """The flag as typed (its first spelling), or an argument as --help
+    shows it."""
+    param = exc.param
+    assert param is not None
+    if param.param_type_name == "option" and param.opts:
+        return str(param.opts[0])
+    return param.display_name_raw
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
