@@ -12,6 +12,7 @@ import typer
 from typer._click.exceptions import (
     BadOptionUsage,
     BadParameter,
+    ClickException,
     MissingParameter,
     NoArgsIsHelpError,
     NoSuchOption,
@@ -55,6 +56,10 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except UsageError as exc:
         print(f"error: {usage_error(exc)}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except ClickException as exc:
+        # Any other refusal typer raises (a file it cannot open): one line too.
+        print(f"error: {_one_line(exc.format_message())}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except typer.Abort:
         print("Aborted!", file=sys.stderr)
