@@ -124,10 +124,11 @@ def job_of(target: Callable[..., Any] | str, **options: Any) -> Job:
             # Its id and ref would be refused too: this says why.
             raise InvalidDeclaration(ref, _where_problems(target))
     cron, every, at = options.get("cron"), options.get("every"), options.get("at")
-    if sum(value is not None for value in (cron, every, at)) != 1:
-        raise InvalidDeclaration(ref, (Problem("schedule", "give exactly one of cron=, every= and at="),))
+    # start= alone reads as a schedule of its own: say what it needs first.
     if options.get("start") is not None and every is None:
         raise InvalidDeclaration(ref, (Problem("schedule.start", "start= goes with every="),))
+    if sum(value is not None for value in (cron, every, at)) != 1:
+        raise InvalidDeclaration(ref, (Problem("schedule", "give exactly one of cron=, every= and at="),))
     slo = options.get("slo")
     spec: dict[str, Any] = {
         "id": options.get("id") or default_id,

@@ -319,3 +319,14 @@ def test_help_and_no_arguments_still_show_the_help(tmp_path: Path) -> None:
     assert shown.returncode == 0 and "--limit" in shown.stdout and shown.stderr == ""
     bare = subprocess.run([*PYSCHED], capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert bare.returncode == 2 and "Commands" in bare.stdout and bare.stderr == ""
+
+
+def test_start_without_every_says_it_goes_with_every(db_path: Path) -> None:
+    cli("add", "hello", "--every", "5m", "--shell", "true", db=db_path)
+    for args in (
+        ("add", "x1", "--start", "2027-01-01T00:00", "--shell", "true"),
+        ("reschedule", "hello", "--start", "2027-01-01T00:00"),
+        ("add", "x2", "--start", "2027-01-01T00:00", "--cron", "* * * * *", "--shell", "true"),
+    ):
+        proc = cli(*args, db=db_path, check=False)
+        assert proc.returncode == 2 and proc.stderr == "error: --start: goes with --every\n", proc.stderr

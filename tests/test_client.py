@@ -297,6 +297,9 @@ def test_a_declaration_that_cannot_be_a_job_fails_where_it_is_written() -> None:
 
     with pytest.raises(pysched.InvalidDeclaration, match="exactly one of cron=, every= and at="):
         pysched.job()(print)
+    with pytest.raises(pysched.InvalidDeclaration) as alone:
+        pysched.job(start=datetime(2027, 1, 1, tzinfo=UTC))(print)
+    assert [(p.field, p.message) for p in alone.value.problems] == [("schedule.start", "start= goes with every=")]
     # What a registration refuses is refused here too, each naming its field.
     for options, field in (
         ({"cron": "* * * * *", "jitter": 5, "critical": True}, "jitter_window_s"),

@@ -102,10 +102,11 @@ def _schedule(flags: ScheduleOptions, keep_tz: str = "UTC") -> dict[str, Any]:
         for name, v in (("--cron", flags.cron_expr), ("--every", flags.every), ("--at", flags.at), ("--in", flags.in_s))
         if v is not None
     ]
-    if len(given) != 1:
-        fail("give exactly one of --cron, --every, --at, --in" + (f" (got {', '.join(given)})" if given else ""))
+    # --start alone reads as a schedule of its own: say what it needs first.
     if flags.start is not None and flags.every is None:
         fail("--start: goes with --every")
+    if len(given) != 1:
+        fail("give exactly one of --cron, --every, --at, --in" + (f" (got {', '.join(given)})" if given else ""))
     tz = _zone_name(flags.tz)
     if flags.cron_expr is not None:
         return {"kind": "cron", "expr": flags.cron_expr, "tz": tz or keep_tz}
