@@ -173,14 +173,8 @@ def _where_problems(func: Callable[..., Any]) -> tuple[Problem, ...]:
     qualname = getattr(func, "__qualname__", name)
     if not isinstance(name, str) or not isinstance(module, str):
         return (Problem("target.ref", f"{func!r} has no module and name: a worker imports its target by name"),)
-    if module == "__main__":
-        return (
-            Problem(
-                "target.ref",
-                "defined in a script run as __main__: a worker in another process cannot import it;"
-                " move it into a module",
-            ),
-        )
+    # A lambda or a nested function has no name to import even once moved
+    # into a module: that is said first, and __main__ only of a top-level one.
     if name == "<lambda>":
         return (Problem("target.ref", "a lambda: a worker in another process imports its target by name"),)
     if "<locals>" in str(qualname):
@@ -189,6 +183,14 @@ def _where_problems(func: Callable[..., Any]) -> tuple[Problem, ...]:
                 "target.ref",
                 f"{qualname} is defined inside another function: a worker in another process can only import"
                 " a function at its module's top level",
+            ),
+        )
+    if module == "__main__":
+        return (
+            Problem(
+                "target.ref",
+                "defined in a script run as __main__: a worker in another process cannot import it;"
+                " move it into a module",
             ),
         )
     if qualname != name or not name.isidentifier():

@@ -341,6 +341,29 @@ def test_a_function_is_added_as_it_is_declared_and_one_no_worker_can_import_is_r
         assert [r.job.id for r in client.ls()] == [f"{module.__name__}.report", "weekday-report"]
 
 
+def test_a_lambda_or_nested_function_in_a_script_is_refused_as_such(client: Client) -> None:
+    script: dict[str, Any] = {"__name__": "__main__"}
+    # A script's functions, as `python script.py` defines them.
+    source = """
+        lam = lambda ctx: None
+        def outer():
+            def inner(ctx): ...
+            return inner
+        def top(ctx): ...
+    """
+    exec(textwrap.dedent(source), script)
+    for target, why in (
+        (script["lam"], "a lambda: "),
+        (script["outer"](), "outer.<locals>.inner is defined inside another function: "),
+        (script["top"], "defined in a script run as __main__: "),
+    ):
+        with pytest.raises(InvalidJob) as refused:
+            client.add(target, every="5m", id="lam")
+        (problem,) = refused.value.problems
+        assert (problem.field, problem.message.startswith(why)) == ("target.ref", True), problem
+    assert client.ls() == []
+
+
 def test_a_module_declares_only_its_own_functions(tmp_path: Path) -> None:
     source = declaring_module(tmp_path, TWO_JOBS)
     importer = declaring_module(tmp_path, f"from {source} import report\n")
