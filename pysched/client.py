@@ -25,7 +25,7 @@ from pysched.clock import Clock, SystemClock
 from pysched.declare import job_of
 from pysched.leader.guard import ranges
 from pysched.model import CronSchedule, IntervalSchedule, Job, OnceSchedule, PythonTarget
-from pysched.problems import InvalidJob, Problem, invalid_from_rejection, invalid_from_validation
+from pysched.problems import InvalidJob, Problem, in_batch, invalid_from_rejection, invalid_from_validation
 from pysched.protocols import MISSED_REASONS, JobRecord, Lease, RunRecord, ScheduleStore
 from pysched.registry import register, register_many, reschedule
 from pysched.registry import replace as replace_job
@@ -296,7 +296,12 @@ class Client:
         """Register jobs in bulk: every one is checked before any is stored
         (one refused: InvalidJob, nothing stored); ids that exist already are
         left as they are and reported."""
-        checked = [self.check(job, import_target=import_target) for job in jobs]
+        checked = []
+        for index, job in enumerate(jobs):
+            try:
+                checked.append(self.check(job, import_target=import_target))
+            except InvalidJob as exc:
+                raise in_batch(index, exc) from None
         ids = [job.id for job in checked]
         if len(set(ids)) != len(ids):
             twice = sorted({i for i in ids if ids.count(i) > 1})

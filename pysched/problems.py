@@ -57,6 +57,14 @@ class InvalidJob(ValueError):
         self.problems = problems
 
 
+def in_batch(index: int, exc: InvalidJob) -> InvalidJob:
+    """A batch's job at fault named as pydantic names it in the batch's JSON
+    (``jobs.1.schedule.every_s``), as POST /jobs/batch does: which of many
+    jobs is meant, and the same words on every face."""
+    prefix = f"jobs.{index}"
+    return InvalidJob(tuple(Problem(f"{prefix}.{p.field}" if p.field else prefix, p.message) for p in exc.problems))
+
+
 def invalid_from_validation(exc: ValidationError) -> InvalidJob:
     return InvalidJob(problems_from_errors(exc.errors()))
 

@@ -82,6 +82,14 @@ def test_add_many_checks_every_job_before_storing_any(client: Client) -> None:
     assert [r.job.id for r in client.ls()] == ["a"]
     with pytest.raises(InvalidJob, match="given more than once: b"):
         client.add_many([shell_job("b"), shell_job("b")])
+    # The job at fault is named as POST /jobs/batch names it: by its place.
+    every_0 = shell_job("m2", schedule={"kind": "every", "every_s": "0"})
+    with pytest.raises(InvalidJob) as at_fault:
+        client.add_many([shell_job("m1"), every_0])
+    assert [p.field for p in at_fault.value.problems] == ["jobs.1.schedule.every_s"]
+    with pytest.raises(InvalidJob) as importing:
+        client.add_many([shell_job("m1", target={"kind": "python", "ref": "nosuchmod:f"})])
+    assert [p.field for p in importing.value.problems] == ["jobs.0.target.ref"]
     added = client.add_many([shell_job("a"), shell_job("b"), pysched.Job.model_validate(shell_job("c"))])
     assert added == pysched.AddedMany(added=("b", "c"), existing=("a",))
     assert sorted(r.job.id for r in client.ls()) == ["a", "b", "c"]
