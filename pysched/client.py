@@ -378,10 +378,12 @@ class Client:
         every: str | float | None = None,
         count: int = 10,
         after_ms: int | None = None,
+        start_ms: int | None = None,
     ) -> Preview:
         """The next ``count`` fires of a registered recurring job (with its
         jittered due times), of a cron expression (in zone ``tz``) or of an
-        interval (``every``: seconds or a duration such as "5m"). Raises
+        interval (``every``: seconds or a duration such as "5m"; from
+        ``start_ms``, epoch ms, as a job's ``start`` counts it). Raises
         InvalidJob for a bad expression, zone or interval, or a one-shot
         job; JobNotFound."""
         given = [
@@ -393,6 +395,8 @@ class Client:
             )
         if not 1 <= count <= MAX_PREVIEW:
             raise InvalidJob((Problem("count", f"from 1 to {MAX_PREVIEW:,}; got {count}"),))
+        if start_ms is not None and every is None:
+            raise InvalidJob((Problem("start_ms", "goes with every"),))
         jitter_ms: int | None = None
         schedule: recurrence.Recurring
         if job_id is not None:
@@ -406,7 +410,7 @@ class Client:
             if tz is not None:
                 raise InvalidJob((Problem("tz", "an interval counts elapsed time, in no zone"),))
             try:
-                schedule = IntervalSchedule.model_validate({"every_s": every})
+                schedule = IntervalSchedule.model_validate({"every_s": every, "start_ms": start_ms})
             except ValidationError as exc:
                 raise invalid_from_validation(exc) from None
         else:

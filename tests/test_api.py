@@ -87,6 +87,16 @@ def test_bad_requests_name_their_field_and_change_nothing(api: TestClient) -> No
     assert api.get("/preview").json()["detail"] == [
         {"field": "cron", "message": "give a cron expression, or an interval as every"}
     ]
+    both = api.get("/preview", params={"cron": "* * * * *", "every": "5m"})
+    assert both.json()["detail"] == [
+        {"field": "cron", "message": "give a cron expression or an interval as every, not both"}
+    ]
+    for params in ({"cron": "* * * * *", "start": "2027-01-01T00:00:07Z"}, {"every": "10s", "start": "soon"}):
+        refused = api.get("/preview", params=params)
+        assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "start", params
+    started = api.get("/preview", params={"every": "10s", "start": "2027-01-01T00:00:07", "count": 2}).json()
+    assert started["start_at"] == "2027-01-01T00:00:07.000+00:00"
+    assert [f["at"] for f in started["fires"]] == ["2027-01-01T00:00:07.000+00:00", "2027-01-01T00:00:17.000+00:00"]
     typo = api.post("/dead-letters/redrive", json={"al": True})
     assert typo.status_code == 422 and typo.json()["detail"][0]["field"] == "al"
     # A bare list is the batch itself; its fields are named as in {"jobs": [...]}.

@@ -44,6 +44,18 @@ def test_preview_a_registered_job_shows_its_due_times(db_path: Path) -> None:
     assert "due (UTC)" in text and "2027-10-31T01:30:00+02:00" in text
 
 
+def test_preview_an_interval_from_its_start(db_path: Path) -> None:
+    args = ("--every", "10s", "--start", "2027-01-01T00:00:07", "--from", "2027-01-01T00:00:00", "--count", "3")
+    got = cli_json("preview", *args, db=db_path)
+    assert got["start_utc"] == "2027-01-01T00:00:07.000Z"
+    assert [f["utc"] for f in got["fires"]] == [
+        "2027-01-01T00:00:07.000Z",
+        "2027-01-01T00:00:17.000Z",
+        "2027-01-01T00:00:27.000Z",
+    ]
+    assert not db_path.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -54,6 +66,8 @@ def test_preview_a_registered_job_shows_its_due_times(db_path: Path) -> None:
         ([], "give one of a job ID, --cron and --every"),
         (["--every", "fortnightly"], "--every: 'fortnightly' is not a duration"),
         (["--every", "5m", "--cron", "* * * * *"], "(got --cron, --every)"),
+        (["--cron", "* * * * *", "--start", "2027-01-01T00:00"], "--start: goes with --every"),
+        (["--every", "10s", "--start", "soon"], "--start: not an ISO 8601 time"),
     ],
 )
 def test_preview_refuses_bad_input(db_path: Path, args: list[str], message: str) -> None:

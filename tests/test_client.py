@@ -128,6 +128,12 @@ def test_preview_shows_a_jobs_next_fires_with_its_jitter(client: Client) -> None
     with pytest.raises(InvalidJob) as bad:
         client.preview(cron_expr="* * *")
     assert [p.field for p in bad.value.problems] == ["expr"]
+    start_ms = 1_798_761_607_000  # 2027-01-01T00:00:07Z
+    started = client.preview(every="10s", start_ms=start_ms, after_ms=start_ms - 60_000, count=2)
+    assert [f.at_ms for f in started.fires] == [start_ms, start_ms + 10_000]
+    with pytest.raises(InvalidJob) as alone:
+        client.preview(cron_expr="* * * * *", start_ms=start_ms)
+    assert [p.field for p in alone.value.problems] == ["start_ms"]
 
 
 def test_a_redrive_of_no_dead_letter_says_so(client: Client) -> None:

@@ -14,6 +14,7 @@ that cannot be reached. A refused request stores nothing.
 from __future__ import annotations
 
 import sqlite3
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Path, Query
@@ -115,6 +116,20 @@ def _run_key(text: str) -> RunKey:
         return RunKey.parse(text)
     except ValueError as exc:
         raise InvalidJob((Problem("runs", str(exc)),)) from None
+
+
+def _start_ms(text: str) -> int:
+    """GET /preview's start as epoch ms: UTC unless it gives an offset,
+    since a request has no local zone."""
+    accepted = "an ISO 8601 time from 1970 on, such as 2027-01-01T00:00:07Z"
+    try:
+        when = datetime.fromisoformat(text)
+        at_ms = int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000)
+    except (ValueError, OverflowError, OSError):
+        raise InvalidJob((Problem("start", f"{accepted}; got {text!r}"),)) from None
+    if at_ms < 0:
+        raise InvalidJob((Problem("start", f"{accepted}; got {text!r}"),))
+    return at_ms
 
 
 def _preview_json(shown: Preview) -> dict[str, Any]:
@@ -223,13 +238,24 @@ def create_app(client: Client, *, token: str | None = None, max_body_bytes: int 
         tz: Annotated[str | None, Query(max_length=100)] = None,
         every: Annotated[str | None, Query(max_length=100, description="seconds, or such as 90s, 5m, 1h30m")] = None,
         count: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10,
+        start: Annotated[
+            str | None,
+            Query(max_length=100, description="ISO 8601 time of every's first fire; without an offset, UTC"),
+        ] = None,
     ) -> dict[str, Any]:
         """The next fires of a cron expression (in zone ``tz``, default UTC)
-        or of an interval (``every``)."""
-        if (cron is None) == (every is None):
+        or of an interval (``every``), which counts from ``start`` when given:
+        an ISO 8601 time such as 2027-01-01T00:00:07Z (without an offset,
+        UTC), as a job's ``start_ms`` does; without it, from 1970-01-01."""
+        if cron is not None and every is not None:
+            raise InvalidJob((Problem("cron", "give a cron expression or an interval as every, not both"),))
+        if cron is None and every is None:
             raise InvalidJob((Problem("cron", "give a cron expression, or an interval as every"),))
+        if start is not None and every is None:
+            raise InvalidJob((Problem("start", "goes with every"),))
         if every is not None:
-            return _preview_json(client.preview(every=every, tz=tz, count=count))
+            start_ms = None if start is None else _start_ms(start)
+            return _preview_json(client.preview(every=every, tz=tz, count=count, start_ms=start_ms))
         return _preview_json(client.preview(cron_expr=cron, tz=tz or "UTC", count=count))
 
     @app.get("/dead-letters", tags=["dead letters"])

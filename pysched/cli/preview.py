@@ -21,10 +21,13 @@ from pysched.cli.common import (
     echo_json,
     every_seconds,
     fail,
+    fail_invalid,
     open_store,
+    unopened_client,
 )
-from pysched.client import coming_fires
-from pysched.model import CronSchedule, IntervalSchedule
+from pysched.client import Fire, coming_fires
+from pysched.model import CronSchedule
+from pysched.problems import InvalidJob
 from pysched.protocols import JobNotFound
 
 MAX_COUNT = 1_000
@@ -38,31 +41,27 @@ def _local(ms: int, tz: str) -> str:
     return datetime.fromtimestamp(ms / 1000, cron.zone(tz)).isoformat(timespec="seconds")
 
 
-def _start(value: str | None, tz: str) -> int:
-    """--from as epoch ms (a naive time is read in the schedule's zone), or now."""
-    if value is None:
-        return CLOCK.now_ms()
+def _time_ms(value: str, tz: str, flag: str) -> int:
+    """--from or --start as epoch ms (a naive time is read in the zone)."""
     try:
         when = datetime.fromisoformat(value)
         if when.tzinfo is None:
             when = when.replace(tzinfo=cron.zone(tz))
         at_ms = int(when.timestamp() * 1000)
     except (ValueError, OverflowError, OSError):
-        fail(f"--from: not an ISO 8601 time: {value!r}")
+        fail(f"{flag}: not an ISO 8601 time: {value!r}")
     # Schedules are evaluated from 1970 to 9000 (and a hundred years on).
     if not 0 <= at_ms < _YEAR_9000_MS:
-        fail(f"--from: {value!r} is outside 1970-01-01 to 9000-01-01")
+        fail(f"{flag}: {value!r} is outside 1970-01-01 to 9000-01-01")
     return at_ms
 
 
 _YEAR_9000_MS = int(datetime(9000, 1, 1, tzinfo=UTC).timestamp() * 1000)
 
 
-def _fires(
-    schedule: recurrence.Recurring, tz: str, after_ms: int, count: int, jitter_ms: int | None
-) -> list[dict[str, Any]]:
+def _rows(fires: tuple[Fire, ...], tz: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for fire in coming_fires(schedule, after_ms, count, jitter_ms):
+    for fire in fires:
         row: dict[str, Any] = {"local": _local(fire.at_ms, tz), "utc": _utc(fire.at_ms)}
         if fire.due_ms is not None:
             row["due_utc"] = _utc(fire.due_ms)
@@ -83,8 +82,12 @@ def preview(
         str | None, typer.Option("--tz", help="Time zone of --cron, and of the times shown (default UTC).")
     ] = None,
     count: Annotated[int, typer.Option("--count", min=1, max=MAX_COUNT, help="How many fires.")] = 10,
-    start: Annotated[
+    after: Annotated[
         str | None, typer.Option("--from", help="ISO 8601 time to start after (naive: in the zone); default now.")
+    ] = None,
+    start: Annotated[
+        str | None,
+        typer.Option("--start", help="ISO 8601 time of --every's first run (naive: in the zone), as `add` takes it."),
     ] = None,
     db: DbOption = DEFAULT_DB,
     config: ConfigOption = None,
@@ -93,6 +96,9 @@ def preview(
     """The next fires as local and UTC times (and a job's jittered due
     times), marking those the DST rule moved, merged or repeated."""
     jitter_ms: int | None = None
+    # As `add` says it: --start alone is no schedule of its own.
+    if start is not None and every is None:
+        fail("--start: goes with --every")
     given = [name for name, value in (("ID", job_id), ("--cron", cron_expr), ("--every", every)) if value]
     if len(given) != 1:
         fail("give one of a job ID, --cron and --every" + (f" (got {', '.join(given)})" if given else ""))
@@ -123,15 +129,35 @@ def preview(
         except cron.CronError as exc:
             fail(f"--tz: {exc}")
         if every is not None:
-            schedule = IntervalSchedule(every_s=every_seconds(every))
-        else:
-            assert cron_expr is not None
+            # The interval as Client.preview counts it; it needs no database.
+            every_s = every_seconds(every)
+            start_ms = None if start is None else _time_ms(start, zone_name, "--start")
             try:
-                cron.validate(cron_expr, zone_name)
-            except cron.CronError as exc:
-                fail(f"--cron: {exc}")
-            schedule = CronSchedule(expr=cron_expr, tz=zone_name)
-    rows = _fires(schedule, zone_name, _start(start, zone_name), count, jitter_ms)
+                shown = unopened_client(db, config, access="read").preview(
+                    every=every_s, start_ms=start_ms, count=count, after_ms=_after_ms(after, zone_name)
+                )
+            except InvalidJob as exc:
+                fail_invalid(exc)
+            rows = _rows(shown.fires, zone_name)
+            _show(shown.schedule, None, zone_name, rows, as_json)
+            return
+        assert cron_expr is not None
+        try:
+            cron.validate(cron_expr, zone_name)
+        except cron.CronError as exc:
+            fail(f"--cron: {exc}")
+        schedule = CronSchedule(expr=cron_expr, tz=zone_name)
+    rows = _rows(coming_fires(schedule, _after_ms(after, zone_name), count, jitter_ms), zone_name)
+    _show(schedule, jitter_ms, zone_name, rows, as_json)
+
+
+def _after_ms(after: str | None, tz: str) -> int:
+    return CLOCK.now_ms() if after is None else _time_ms(after, tz, "--from")
+
+
+def _show(
+    schedule: recurrence.Recurring, jitter_ms: int | None, zone_name: str, rows: list[dict[str, Any]], as_json: bool
+) -> None:
     if as_json:
         echo_json({**_schedule_json(schedule), "jitter_ms": jitter_ms, "fires": rows})
         return
