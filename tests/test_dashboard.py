@@ -150,6 +150,8 @@ def test_the_job_page_shows_the_definition_history_and_next_fires_with_dst_notes
     page = http.get("/ui/jobs/nightly")
     assert page.status_code == 200
     assert "30 2 * * *" in page.text and "Europe/Paris" in page.text and "exit 3" in page.text
+    # JSON's words, as `pysched show` prints them.
+    assert "<td>false</td>" in page.text and "False" not in page.text
     live = http.get("/ui/jobs/nightly", params={"parts": 1}).json()
     fires = cells(live, "fires")
     assert len(fires) == 10

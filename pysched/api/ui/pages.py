@@ -372,6 +372,14 @@ def runs_part(runs: list[RunRecord]) -> Part:
     )
 
 
+def _field_text(value: object) -> str:
+    """A field of the job's JSON as that JSON says it (`critical false`),
+    as `pysched show` does, not in Python's words (False)."""
+    if value is None:
+        return ""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
 def job_page(client: Client, job_id: str) -> Page:
     """Raises JobNotFound."""
     rec = client.get(job_id)
@@ -385,7 +393,7 @@ def job_page(client: Client, job_id: str) -> Page:
             *(
                 tag("tr", tag("th", key), tag("td", tag("pre", json.dumps(value, indent=2, ensure_ascii=False))))
                 if isinstance(value, dict | list)
-                else tag("tr", tag("th", key), tag("td", "" if value is None else str(value)))
+                else tag("tr", tag("th", key), tag("td", _field_text(value)))
                 for key, value in shown.items()
                 if key != "id"
             ),
