@@ -92,6 +92,9 @@ def test_dlq_commands_refuse_bad_input(db_path: Path) -> None:
 
 def test_redrive_all_with_no_dead_letters_says_so(db_path: Path) -> None:
     cli("add", "p", "--in", "600", "--shell", "true", db=db_path)
+    assert cli("dlq", "ls", db=db_path).stdout == "no dead letters\n"
+    assert cli("dlq", "ls", "--target", "shell:nope", db=db_path).stdout == "no dead letters of shell:nope\n"
+    assert cli_json("dlq", "ls", db=db_path) == []
     proc = cli("dlq", "redrive", "--all", db=db_path)
     assert proc.stdout.strip() == "no dead letters to redrive"
     proc = cli("dlq", "redrive", "--all", "--target", "shell:nope", db=db_path)

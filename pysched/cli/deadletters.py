@@ -74,6 +74,10 @@ def ls(
     if as_json:
         echo_json([dead_letter_json(r) for r in runs])
         return
+    if not runs:
+        # An empty table's header reads as a broken listing.
+        typer.echo("no dead letters" + ("" if target is None else f" of {target}"))
+        return
     table = Table("run", "failed at", "attempts", "last error")
     for r in runs:
         table.add_row(r.idempotency_key, iso(r.ended_at_ms) or "-", str(len(r.failures)), r.error or "-")
