@@ -68,9 +68,14 @@ def test_a_module_that_cannot_be_synced_is_an_error_naming_it_and_changes_nothin
         "nosuchmodule": "error: MODULE: no module named 'nosuchmodule'",
         "imports_missing": "error: MODULE: importing imports_missing failed: ModuleNotFoundError",
     }
+    # A file's name for the module's: the hint gives the name to import.
+    write(tmp_path, "myjobs", "import pysched\n")
+    cases["myjobs.py"] = "error: MODULE: no module named 'myjobs.py' "
+    hints = {"myjobs.py": "give the module's name, without .py: myjobs\n"}
     for module, message in cases.items():
         proc = cli("sync", module, db=db, cwd=tmp_path, check=False)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith(message), proc.stderr
+        assert proc.stderr.endswith(hints.get(module, "\n")), proc.stderr
         assert "Traceback" not in proc.stderr
     assert not db.exists()

@@ -50,7 +50,7 @@ def sync(
         fail(str(exc))
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module + ".").startswith(exc.name + "."):
-            fail(f"MODULE: no module named {module!r} (from {Path.cwd()})")
+            fail(f"MODULE: no module named {module!r} (from {Path.cwd()}){_as_module_hint(module)}")
         fail(f"MODULE: importing {module} failed: {type(exc).__name__}: {exc}")
     except Exception as exc:
         fail(f"MODULE: importing {module} failed: {type(exc).__name__}: {exc}")
@@ -74,6 +74,15 @@ def sync(
     _report(report, as_json, client)
     if not dry_run and report.added:
         warn_without_scheduler(client.store, db)
+
+
+def _as_module_hint(module: str) -> str:
+    """A file's name given for a module's (`myjobs.py`, `jobs/nightly.py`):
+    the dotted name the workers import it by."""
+    if not module.endswith(".py"):
+        return ""
+    dotted = ".".join(Path(module.removesuffix(".py")).parts)
+    return f"; give the module's name, without .py: {dotted}"
 
 
 def _synced(client: Client, module: str, imported: ModuleType, *, prune: bool, dry_run: bool) -> SyncReport:
