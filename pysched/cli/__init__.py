@@ -8,16 +8,27 @@ import sys
 
 import typer
 
-# Typer carries its own click: these are the exceptions its commands raise.
-from typer._click.exceptions import (
-    BadOptionUsage,
-    BadParameter,
-    ClickException,
-    MissingParameter,
-    NoArgsIsHelpError,
-    NoSuchOption,
-    UsageError,
-)
+try:
+    # Typer (0.29 on) carries its own click: the exceptions its commands raise.
+    from typer._click.exceptions import (
+        BadOptionUsage,
+        BadParameter,
+        ClickException,
+        MissingParameter,
+        NoArgsIsHelpError,
+        NoSuchOption,
+        UsageError,
+    )
+except ImportError:  # an earlier typer, on click itself
+    from click.exceptions import (  # type: ignore[assignment]
+        BadOptionUsage,
+        BadParameter,
+        ClickException,
+        MissingParameter,
+        NoArgsIsHelpError,
+        NoSuchOption,
+        UsageError,
+    )
 
 from pysched.cli import api, breakers, catchup, deadletters, jobs, node, preview, slo, sync
 
