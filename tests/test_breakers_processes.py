@@ -117,6 +117,24 @@ def test_runs_stopped_by_a_cancel_are_no_failures_of_their_downstream(tmp_path: 
     assert breakers.get("pg:orders", {}).get("consecutive_failures", 0) == 0, breakers
 
 
+def test_runs_stopped_by_the_node_stopping_are_no_failures_of_their_downstream(tmp_path: Path, db_path: Path) -> None:
+    """A node stopped past its grace SIGTERMs its running commands: their
+    exits are the stop's doing, and two such must not open a breaker that
+    opens after two failures."""
+    log = tmp_path / "node.log"
+    node = start_node(db_path, tmp_path, log, "--quiet", "--workers", "4", "--grace", "1", "--breaker-failures", "2")
+    try:
+        for job_id in ("long-a", "long-b"):
+            cli("add", job_id, "--in", "1", "--shell", "sleep 30", "--downstream", "pg:orders", db=db_path)
+        for job_id in ("long-a", "long-b"):
+            wait_for(lambda j=job_id: _run_state(db_path, j) == "running", 60, f"{job_id} to run", log)
+    finally:
+        stop_node(node)
+    assert [_run_state(db_path, j) for j in ("long-a", "long-b")] == ["interrupted", "interrupted"]
+    breakers = {b["downstream"]: b for b in cli_json("breakers", db=db_path)}
+    assert breakers.get("pg:orders", {}).get("consecutive_failures", 0) == 0, breakers
+
+
 def _run_state(db: Path, job_id: str) -> str | None:
     runs = cli_json("history", job_id, db=db)
     return str(runs[0]["state"]) if runs else None

@@ -399,6 +399,14 @@ class Executor:
         self._record(ready)
         return outcomes
 
+    def _stopped_here(self, execution: Execution) -> bool:
+        """Whether the run was stopped by this node (its job cancelled, its
+        lease lost, the node stopping, its ctx.cancelled set): how its call
+        then ended is our doing, and its downstream learns nothing of it."""
+        with self._lock:
+            stopped = execution.stop_reason is not None or execution.interrupted or execution.outlived_stop
+        return stopped or execution.cancelled.is_set()
+
     def _call_in_place(self, execution: Execution) -> Ended:
         """Its call, its end set as soon as it returns (an interruption or a
         repeated attempt then finds it ended: never called again), then its
@@ -780,9 +788,7 @@ class Executor:
             # Stopped by us, not failed: its downstream is not to blame.
             error = "replaced: a newer run of the job came due while this one ran (overlap replace)"
             return Ended("cancelled", error, outcome.result, self.clock.now_ms())
-        if execution.stop_reason is None:
-            # A run stopped here (its job cancelled, its lease lost, the node
-            # stopping) failed by our hand: its downstream learns nothing.
+        if not self._stopped_here(execution):
             self.downstreams.ended(downstream, outcome.kind, outcome.succeeded)
         return Ended(
             "succeeded" if outcome.succeeded else "failed",
