@@ -246,8 +246,7 @@ def _retry(
 
 def declared_jobs(module: ModuleType) -> list[Job]:
     """The jobs ``module``'s own functions declare (not those it imports
-    from elsewhere), by id, each marked as declared in it; two with one id
-    are refused."""
+    from elsewhere), by id; two with one id are refused."""
     found: dict[str, tuple[object, Job]] = {}
     for value in vars(module).values():
         declared = getattr(value, _ATTRIBUTE, None)
@@ -257,4 +256,4 @@ def declared_jobs(module: ModuleType) -> list[Job]:
         if declared.id in found and found[declared.id][0] is not value:
             raise InvalidJob((Problem("id", f"{declared.id!r} is declared twice in {module.__name__}"),))
         found[declared.id] = (value, declared)
-    return [found[key][1].model_copy(update={"declared_in": module.__name__}) for key in sorted(found)]
+    return [found[key][1] for key in sorted(found)]

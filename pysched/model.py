@@ -230,10 +230,6 @@ class Job(_Strict):
     # pysched/downstream.py). None: an HTTP target's host, a Temporal
     # target's task queue, and for a Python or shell target the job itself.
     downstream: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[!-~]+$")
-    # The module whose ``@pysched.job`` declarations hold it, set by `sync`:
-    # ``sync --prune`` cancels only such jobs, never one added by hand (as
-    # ``kubectl apply --prune`` prunes only what was applied).
-    declared_in: str | None = Field(default=None, max_length=1000, pattern=r"^[A-Za-z_][\w.]*$")
 
     @property
     def max_delay_ms(self) -> int:

@@ -7,9 +7,8 @@ alone, so a sync run again changes nothing. A sync changes only the
 module's own jobs (those whose target is one of its functions): an id held
 by another job, a paused, cancelled or completed job whose declaration
 changed, and a new one-shot whose time has passed are skipped, each with
-its reason. With ``prune``, the jobs an earlier sync of the module stored
-that it no longer declares are cancelled (a job added by hand is left
-alone); their history stays. A cancelled job of the module that is
+its reason. With ``prune``, the module's jobs it no longer declares are
+cancelled; their history stays. A cancelled job of the module that is
 declared again is added anew (a new job with a new history), so a sync
 after the declaration is restored undoes a prune.
 """
@@ -107,13 +106,10 @@ def _why_not_updated(current: JobRecord) -> str:
 
 
 def _prune(client: Client, module: str, declared: set[str], dry_run: bool) -> list[str]:
-    # Only what a sync of the module stored: a job added by hand that calls
-    # one of its functions is the user's, and an undo (sync again) would not
-    # bring it back.
     stale = [
         rec.job.id
         for rec in client.ls()
-        if rec.state in ("active", "paused") and rec.job.id not in declared and rec.job.declared_in == module
+        if rec.state in ("active", "paused") and rec.job.id not in declared and _owned(rec.job, module)
     ]
     if not dry_run:
         for job_id in stale:
@@ -122,9 +118,6 @@ def _prune(client: Client, module: str, declared: set[str], dry_run: bool) -> li
 
 
 def _owned(job: Job, module: str) -> bool:
-    """Whether a stored job is one of ``module``'s declarations' (stored by
-    its sync, or, stored before syncs marked theirs, its target is a
-    function of the module): sync changes no other."""
-    if job.declared_in is not None:
-        return job.declared_in == module
+    """Whether a stored job is one of ``module``'s declarations' (its target
+    is a function of the module): sync changes or prunes no other."""
     return isinstance(job.target, PythonTarget) and job.target.ref.partition(":")[0] == module

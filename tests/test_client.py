@@ -214,25 +214,6 @@ def test_sync_updates_a_changed_declaration_and_prunes_a_removed_one(client: Cli
     assert client.get("unrelated").state == "active"
 
 
-def test_prune_cancels_only_what_a_sync_stored_not_a_job_added_by_hand(client: Client, tmp_path: Path) -> None:
-    """A job added by hand that calls one of the module's functions is the
-    user's: a sync that restores the declarations could not bring it back."""
-    module = declaring_module(tmp_path, TWO_JOBS)
-    client.sync(module)
-    by_hand = client.add(
-        {
-            "id": "poll",
-            "schedule": {"kind": "every", "every_s": 300},
-            "target": {"kind": "python", "ref": f"{module}:report"},
-        }
-    )
-    assert by_hand.job.declared_in is None
-    assert client.get("cleanup").job.declared_in == module
-    write_module(tmp_path, module, TWO_JOBS.split('@pysched.job(cron="*/15')[0])
-    assert client.sync(module, prune=True).pruned == ("cleanup",)
-    assert client.get("poll").state == "active"
-
-
 def test_sync_leaves_a_paused_job_it_would_change_and_says_why(client: Client, tmp_path: Path) -> None:
     module = declaring_module(tmp_path, TWO_JOBS)
     client.sync(module)
