@@ -106,13 +106,22 @@ def _table(name: str) -> zones.ZoneTable:
             " Europe/Paris, which means the same on every node"
         )
     if name not in _portable_zones():
-        if name and (resources.files("tzdata") / "zoneinfo" / name).is_dir():
+        if name and _is_region(name):
             raise CronError(f"unknown time zone {name!r}: a region, not a zone (for example {name}/...)")
         raise CronError(f"unknown time zone {name[:64]!r}")
     try:
         return zones.ZoneTable(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise CronError(f"unknown time zone {name!r}") from None
+
+
+def _is_region(name: str) -> bool:
+    """Whether ``name`` is a folder of zones (Europe); a name no file can
+    have (too long, a NUL) is none."""
+    try:
+        return (resources.files("tzdata") / "zoneinfo" / name).is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def zone(name: str) -> ZoneInfo:
