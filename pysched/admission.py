@@ -13,6 +13,7 @@ import json
 import re
 
 from pydantic import HttpUrl, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from pysched.model import HttpTarget, IntervalSchedule, Job, OnceSchedule, Schedule, ShellTarget
 
@@ -55,12 +56,27 @@ def payload_bytes(payload: object) -> int:
         raise JobRejected("payload", f"not JSON: {exc}") from None
 
 
+def _storable(job: Job) -> None:
+    """Its JSON form can be stored: a text holding a lone surrogate (what
+    Python makes of a byte that is not UTF-8 in a command line) cannot."""
+    try:
+        job.model_dump_json()
+    except PydanticSerializationError:
+        try:
+            json.dumps(job.payload, ensure_ascii=False).encode()
+            field = "job"
+        except UnicodeEncodeError:
+            field = "payload"
+        raise JobRejected(field, "holds text that is not valid Unicode (a byte that is not UTF-8?)") from None
+
+
 def admit(job: Job, now_ms: int) -> None:
     """Raise JobRejected when ``job`` cannot be registered at ``now_ms``."""
     check_schedule(job.schedule, now_ms)
     if job.critical and job.jitter_window_s:
         raise JobRejected("jitter_window_s", "a critical job has no jitter; give one or the other")
     size = payload_bytes(job.payload)
+    _storable(job)
     if size > PAYLOAD_LIMIT_BYTES:
         raise JobRejected("payload", f"{size:,} bytes as JSON; the limit is {PAYLOAD_LIMIT_BYTES:,}")
     target = job.target

@@ -55,6 +55,10 @@ from tests.helpers import PYSCHED, cli, cli_json
         ),
         (["--in", "3", "--http", "http://example.org/", "--method", ""], "--method: an HTTP method"),
         (["--in", "3", "--shell", "true", "--payload", "@/nonexistent/payload.json"], "--payload: cannot read"),
+        # What no file, zone or stored text can hold.
+        (["--every", "5m", "--shell", "true", "--tz", "a" * 300], "--tz: unknown time zone"),
+        (["--in", "3", "--shell", "true", "--payload", '{"a": "\\ud800"}'], "--payload: holds text that is not valid"),
+        (["--in", "3", "--shell", "true", "--payload", "\udcff"], "--payload: not UTF-8 text"),
         # Cron expressions and zones that cannot mean one thing on every node, or ever fire.
         (["--cron", "0 0 * * *", "--tz", "America", "--shell", "true"], "--tz: unknown time zone 'America': a region"),
         (["--cron", "0 0 * * *", "--tz", "localtime", "--shell", "true"], "--tz: time zone 'localtime' depends on"),
@@ -330,3 +334,14 @@ def test_start_without_every_says_it_goes_with_every(db_path: Path) -> None:
     ):
         proc = cli(*args, db=db_path, check=False)
         assert proc.returncode == 2 and proc.stderr == "error: --start: goes with --every\n", proc.stderr
+
+
+def test_a_config_that_is_not_a_toml_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    binary = tmp_path / "cluster.toml"
+    binary.write_bytes(b"[cluster]\n\xd0\xff\x00")
+    for config, words in ((binary, "not TOML"), (tmp_path, "Is a directory")):
+        proc = subprocess.run(
+            [*PYSCHED, "ls", "--config", str(config)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert proc.returncode == 2 and proc.stderr.startswith("error: --config: ") and words in proc.stderr
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr

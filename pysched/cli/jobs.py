@@ -237,7 +237,10 @@ def _payload(value: str) -> Any:
         except OSError as exc:
             fail(f"--payload: cannot read {value[1:]!r}: {exc.strerror}")
     else:
-        text = value.encode()
+        try:
+            text = value.encode()
+        except UnicodeEncodeError:
+            fail("--payload: not UTF-8 text")
     if len(text) > PAYLOAD_LIMIT_BYTES:
         fail(f"--payload: more than {PAYLOAD_LIMIT_BYTES:,} bytes")
     try:
