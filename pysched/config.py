@@ -140,8 +140,10 @@ def load(path: str | Path | None) -> ClusterConfig:
             raw = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such file") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: {exc.strerror or exc}") from None
         section = raw.get("cluster")
         if not isinstance(section, dict):
             raise ConfigError(f"{path}: no [cluster] table")
