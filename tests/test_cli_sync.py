@@ -70,8 +70,12 @@ def test_a_module_that_cannot_be_synced_is_an_error_naming_it_and_changes_nothin
     }
     # A file's name for the module's: the hint gives the name to import.
     write(tmp_path, "myjobs", "import pysched\n")
-    cases["myjobs.py"] = "error: MODULE: no module named 'myjobs.py' "
-    hints = {"myjobs.py": "give the module's name, without .py: myjobs\n"}
+    cases["myjobs.py"] = "error: MODULE: 'myjobs.py' is a file's path"
+    cases["./jobs/nightly.py"] = "error: MODULE: './jobs/nightly.py' is a file's path"
+    hints = {
+        "myjobs.py": "give the module's name, without .py: myjobs\n",
+        "./jobs/nightly.py": "give the module's name, without .py: jobs.nightly\n",
+    }
     for module, message in cases.items():
         proc = cli("sync", module, db=db, cwd=tmp_path, check=False)
         assert proc.returncode == 2, proc.stderr

@@ -42,6 +42,10 @@ def sync(
 ) -> None:
     """Add the jobs MODULE declares with @pysched.job, update those whose
     declaration changed, and leave the rest; run again, it changes nothing."""
+    if module.endswith(".py") or "/" in module:
+        # A path would be imported as a (relative) name, and fail obscurely.
+        hint = _as_module_hint(module) or "; give the module's dotted name"
+        fail(f"MODULE: {module!r} is a file's path{hint}")
     # As the workers do: a module named by its dotted name, found from here.
     sys.path.insert(0, str(Path.cwd()))
     try:
