@@ -98,6 +98,10 @@ def test_commands_that_do_not_create_a_database_leave_none_behind(tmp_path: Path
     synced = cli("sync", "os", db=typo, cwd=tmp_path)
     assert "0 declared" in synced.stdout
     assert not typo.exists()
+    # `up` creates its database, but not to refuse a flag.
+    refused = cli("up", "--lease", "-1", db=typo, check=False, timeout_s=30)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --lease:")
+    assert not typo.exists()
 
 
 def test_bad_id_is_refused_in_words(db_path: Path) -> None:

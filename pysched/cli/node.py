@@ -396,6 +396,8 @@ def up(
     grace_s = _grace(grace, config)
     breaker = _breaker(breaker_failures, breaker_open, retry_budget, config)
     metrics = _metrics(metrics_host, metrics_port)
+    # Every flag checked before the database is opened (and perhaps made).
+    run_lease = _lease(lease)
     api = None
     if api_port is not None:
         from pysched.api.serve import ApiServer
@@ -424,7 +426,7 @@ def up(
         leader_config=leading,
         temporal_address=_temporal_address(config),
         breaker=breaker,
-        lease=_lease(lease),
+        lease=run_lease,
         batch=batch,
         metrics=metrics,
         api=api,
