@@ -10,25 +10,9 @@ import typer
 
 try:
     # Typer (0.29 on) carries its own click: the exceptions its commands raise.
-    from typer._click.exceptions import (
-        BadOptionUsage,
-        BadParameter,
-        ClickException,
-        MissingParameter,
-        NoArgsIsHelpError,
-        NoSuchOption,
-        UsageError,
-    )
+    from typer._click import exceptions as click_errors
 except ImportError:  # an earlier typer, on click itself
-    from click.exceptions import (  # type: ignore[assignment]
-        BadOptionUsage,
-        BadParameter,
-        ClickException,
-        MissingParameter,
-        NoArgsIsHelpError,
-        NoSuchOption,
-        UsageError,
-    )
+    from click import exceptions as click_errors  # type: ignore[no-redef]
 
 from pysched.cli import api, breakers, catchup, deadletters, jobs, node, preview, slo, sync
 
@@ -62,13 +46,13 @@ def main() -> None:
         # Not standalone: typer would box a usage error in a panel under the
         # usage line; a refusal here is one line, as the commands' own are.
         code = app(standalone_mode=False)
-    except NoArgsIsHelpError as exc:
+    except click_errors.NoArgsIsHelpError as exc:
         # The help is already printed; only its exit code is left.
         sys.exit(exc.exit_code)
-    except UsageError as exc:
+    except click_errors.UsageError as exc:
         print(f"error: {usage_error(exc)}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except ClickException as exc:
+    except click_errors.ClickException as exc:
         # Any other refusal typer raises (a file it cannot open): one line too.
         print(f"error: {_one_line(exc.format_message())}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -85,23 +69,23 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def usage_error(exc: UsageError) -> str:
+def usage_error(exc: click_errors.UsageError) -> str:
     """A usage error in one line, led by the flag or argument at fault:
     '--limit: Input should be ...', 'no such option: --bogus'."""
-    if isinstance(exc, MissingParameter) and exc.param is not None:
+    if isinstance(exc, click_errors.MissingParameter) and exc.param is not None:
         return f"missing {exc.param.param_type_name} {_param_name(exc)}"
-    if isinstance(exc, BadParameter) and exc.param is not None:
+    if isinstance(exc, click_errors.BadParameter) and exc.param is not None:
         return f"{_param_name(exc)}: {_one_line(exc.message)}"
-    if isinstance(exc, NoSuchOption):
+    if isinstance(exc, click_errors.NoSuchOption):
         maybe = f"; did you mean {' or '.join(sorted(exc.possibilities))}?" if exc.possibilities else ""
         return f"no such option: {exc.option_name}{maybe}"
-    if isinstance(exc, BadOptionUsage) and exc.message.endswith("requires an argument."):
+    if isinstance(exc, click_errors.BadOptionUsage) and exc.message.endswith("requires an argument."):
         return f"{exc.option_name}: requires a value"
     message = _one_line(exc.format_message()).rstrip(".")
     return message[:1].lower() + message[1:]
 
 
-def _param_name(exc: BadParameter) -> str:
+def _param_name(exc: click_errors.BadParameter) -> str:
     """The flag as typed (its first spelling), or an argument as --help
     shows it."""
     param = exc.param
