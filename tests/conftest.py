@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from pysched.node import open_cluster
+from pysched.node import Backends, open_cluster, open_embedded
 from tests.helpers import Cluster, stop_node, write_config
 from tests.http_downstream import Downstream
 
@@ -34,6 +34,15 @@ def db_path(tmp_path: Path) -> Iterator[Path]:
 SERVICES_STATE = (
     Path(os.environ.get("PYSCHED_SERVICES_DIR") or Path(__file__).resolve().parent.parent / ".services") / "state.json"
 )
+
+
+@pytest.fixture
+def backends(tmp_path: Path) -> Iterator[Backends]:
+    """The embedded engine's backends on a fresh database (the cluster's
+    tests have their own)."""
+    opened = open_embedded(tmp_path / "pysched.db")
+    yield opened
+    opened.close()
 
 
 @pytest.fixture

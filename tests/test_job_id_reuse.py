@@ -15,7 +15,7 @@ from pysched.clock import ManualClock, SystemClock
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader.recording import record_sent
 from pysched.model import Job
-from pysched.node import Backends, open_embedded
+from pysched.node import Backends
 from pysched.planning import partition_for
 from pysched.protocols import PlannedRun
 from pysched.registry import register
@@ -43,13 +43,6 @@ def _fresh() -> Iterator[None]:
     yield
     _calls.clear()
     _while_running.clear()
-
-
-@pytest.fixture
-def backends(tmp_path: Path) -> Iterator[Backends]:
-    opened = open_embedded(tmp_path / "pysched.db")
-    yield opened
-    opened.close()
 
 
 def _job(at_ms: int) -> Job:

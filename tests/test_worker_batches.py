@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ from pysched.clock import SystemClock
 from pysched.dispatch.inprocess import InProcessDispatcher
 from pysched.leader.recording import record_sent
 from pysched.model import Job
-from pysched.node import Backends, open_embedded
+from pysched.node import Backends
 from pysched.registry import register
 from pysched.targets import RunContext
 from pysched.worker import DeliveryWorker, Executor, WorkerConfig
@@ -59,13 +58,6 @@ def _no_runs_yet() -> Iterator[None]:
     yield
     _runs.clear()
     _while_running.clear()
-
-
-@pytest.fixture
-def backends(tmp_path: Path) -> Iterator[Backends]:
-    opened = open_embedded(tmp_path / "pysched.db")
-    yield opened
-    opened.close()
 
 
 def _job(job_id: str, target: str = "count_run") -> Job:
