@@ -1,12 +1,22 @@
-"""Contract tests of retries and dead letters: every engine alike."""
+"""Contract tests of retries and dead letters: every engine alike, the
+store's and, at the end, a worker's (its executor on each engine's claims
+and store)."""
 
 from __future__ import annotations
+
+import random
+from typing import Any
 
 import pytest
 
 import tests.test_contract as contract
+from pysched.clock import ManualClock
 from pysched.leader.recording import record_sent
-from pysched.protocols import FailedAttempt, PlannedRun, Run, RunNotFound
+from pysched.model import Job
+from pysched.protocols import ClaimOutcome, FailedAttempt, PlannedRun, Run, RunNotFound, ScheduleStore
+from pysched.records import DispatchRecord
+from pysched.targets import RunContext
+from pysched.worker import Executor, WorkerConfig
 from tests.test_contract import Backend, _fresh_t0, backend, every, once_job, record
 
 __all__ = ["_fresh_t0", "backend"]  # the shared fixtures, used by name
@@ -205,3 +215,77 @@ def test_a_run_started_again_after_its_worker_died_is_the_same_attempt(backend: 
     record_sent(store, [again], every(1), {}, t0 + 85_000)
     assert store.run_started(record(again, 1), "w4", t0 + 85_010) == 2
     assert [(r.state, r.attempt) for r in store.history("o")] == [("running", 2)]
+
+
+# The attempts the target below was called for.
+_calls: list[int] = []
+
+
+def always_fails(ctx: RunContext) -> None:
+    _calls.append(ctx.attempt)
+    raise RuntimeError(f"attempt {ctx.attempt} fails")
+
+
+@pytest.fixture
+def _no_calls_yet() -> None:
+    _calls.clear()
+
+
+def _failing_run_sent(backend: Backend, retries: int) -> DispatchRecord:
+    """A one-shot whose target always fails, due at T0+100 and handed on
+    under fence 1: its record."""
+    t0 = contract.T0
+    job = Job.model_validate(
+        {
+            "id": "f",
+            "schedule": {"kind": "once", "run_at_ms": t0 + 100},
+            "target": {"kind": "python", "ref": f"{__name__}:always_fails"},
+            "retry": {"retries": retries},
+        }
+    )
+    backend.store.add_job(job, 0, 0, PlannedRun(t0 + 100, t0 + 100), t0)
+    (sent,) = backend.store.due_runs(every(1), t0 + 60_000, t0 + 150)
+    record_sent(backend.store, [sent], every(1), {}, t0 + 150)
+    return record(sent, 1)
+
+
+def _worker(backend: Backend, holder: str, store: ScheduleStore | None = None) -> Executor:
+    clock = ManualClock(contract.T0 + 200)
+    config = WorkerConfig(lease_ms=30_000)
+    return Executor(backend.claims, store or backend.store, clock, holder, config, rng=random.Random(1))
+
+
+class _AnswerLostOnce:
+    """A store whose first run_failed lands and then times out, its answer
+    lost."""
+
+    def __init__(self, store: ScheduleStore) -> None:
+        self._store = store
+        self.lost = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
+        self._store.run_failed(record, failure, retry_due_ms)
+        if not self.lost:
+            self.lost = True
+            raise TimeoutError("run_failed timed out")
+
+
+@pytest.mark.usefixtures("_no_calls_yet")
+def test_a_failure_recorded_again_after_a_lost_answer_is_retried_once(backend: Backend) -> None:
+    # The worker repeats the attempt, which only records: the retry it
+    # writes is the one the first write scheduled, not a second one drawn
+    # again (each schedule row is a delivery of its own).
+    t0 = contract.T0
+    rec = _failing_run_sent(backend, 3)
+    worker = _worker(backend, "node-1", _AnswerLostOnce(backend.store))  # type: ignore[arg-type]
+    execution = worker.new_execution(rec)
+    with pytest.raises(TimeoutError):
+        worker.attempt([execution])
+    assert worker.attempt([execution]) == [ClaimOutcome.CLAIMED]
+    assert _calls == [1]
+    run = backend.store.get_run("f", rec.run_at_ms)
+    owed = [r for r in backend.store.due_runs(every(1), t0 + 60_000, t0 + 300) if r.run_id == rec.run_id]
+    assert [(r.due_ms, r.attempt) for r in owed] == [(run.due_ms, 2)]

@@ -139,6 +139,10 @@ class Execution:
     # The error its last failure was recorded with (the budget's refusal
     # said), for the log.
     recorded_error: str | None = None
+    # Its failure to record and when it is retried (None: a dead letter),
+    # made once: a repeated recording writes what the first wrote (perhaps
+    # in part), not a retry at a time drawn again.
+    failure: tuple[FailedAttempt, int | None] | None = None
     # The checkpoint it resumes from (JSON text), when it took the run over.
     checkpoint: str | None = None
     # When its claim's lease was last known renewed (claimed or extended).
@@ -1016,7 +1020,10 @@ class Executor:
     def _write_ends(self, ended: list[tuple[Execution, Ended]]) -> dict[str, int | None]:
         """The writes of ``_record``; each failure's retry time (None: a dead
         letter), by holder."""
-        failures = {e.holder: self._failure_of(e, end) for e, end in ended if end.state == "failed"}
+        for execution, end in ended:
+            if end.state == "failed" and execution.failure is None:
+                execution.failure = self._failure_of(execution, end)
+        failures = {e.holder: e.failure for e, _ in ended if e.failure is not None}
         retry_at = {holder: retry_due_ms for holder, (_, retry_due_ms) in failures.items()}
         with self.store.writes_together():
             for execution, end in ended:
