@@ -910,6 +910,10 @@ class ClaimOutcome(enum.Enum):
     SUCCEEDED = "succeeded"  # already done: replay the stored result, do not run
     BUSY = "busy"  # another worker runs it under a live lease: back off
     FENCED = "fenced"  # dispatched under a fence older than the partition's
+    # This delivery (or a later one) already ended in a failure: do not run
+    # it; its failure (Claim.failure) goes into the run's history if that
+    # write was lost, and the run's retry, if any, is a delivery of its own.
+    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -924,6 +928,64 @@ class Claim:
     # saw (None: not known). A worker that died is found then, not at the
     # next look of a fixed beat.
     busy_until_ms: int | None = None
+    # FAILED, or TAKEN_OVER from a delivery that failed: that failure
+    # (ClaimedFailure.to_json), to record if the history lacks it.
+    failure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedFailure:
+    """A failed delivery's end, kept on its claim before the run's history
+    is written (Executor._write_ends): a worker dying between the two
+    leaves it to whichever delivery comes next, which records it as it
+    was, with the retry the failing worker chose."""
+
+    failure: FailedAttempt
+    retry_due_ms: int | None  # None: a dead letter
+    # The delivery that failed, and the due time it was delivered for: the
+    # history is written as that delivery's worker would have.
+    delivery: int
+    due_ms: int
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "failure": self.failure.to_json(),
+                "retry_due_ms": self.retry_due_ms,
+                "delivery": self.delivery,
+                "due_ms": self.due_ms,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ClaimedFailure:
+        data = json.loads(text)
+        retry = data.get("retry_due_ms")
+        return cls(
+            FailedAttempt.from_json(data["failure"]),
+            None if retry is None else int(retry),
+            int(data["delivery"]),
+            int(data["due_ms"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FailedClaim:
+    """A claim that ended in a failure: the delivery it was taken for, and
+    the failure (ClaimedFailure.to_json)."""
+
+    delivery: int
+    failure: str
+
+
+def completed_state(succeeded: bool, result: str | None) -> str:
+    """The state a claim is left in by ``IdempotencyClaims.complete``:
+    succeeded; failed, carrying the failure to record; or released, let go
+    of with no outcome."""
+    if succeeded:
+        return "succeeded"
+    return "failed" if result is not None else "released"
 
 
 @dataclass(frozen=True, slots=True)
@@ -969,7 +1031,24 @@ class IdempotencyClaims(Protocol):
         nothing; one held alive is looked at again when its lease ends."""
         ...
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None: ...
+    def failed_claim(self, key: str) -> FailedClaim | None:
+        """``key``'s claim if it ended in a failure (None: running, let go
+        of, succeeded, or never claimed). Asked when a delivery is rejected
+        for its fence: a delivery that failed is not handed back (its retry
+        is a delivery of its own), and its failure reaches the history."""
+        ...
+
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+        """End ``holder``'s running claim of ``key`` (a claim no longer its
+        does not change). Succeeded: ``result`` is replayed to every later
+        delivery. Not succeeded, with ``result`` (a ClaimedFailure's JSON):
+        the delivery the claim was taken for failed, and neither it nor an
+        earlier one is taken over again (FAILED); a later delivery (a
+        retry, a redrive, a run handed on again) takes it over. Not
+        succeeded, without: let go of, with no outcome (an interruption, a
+        run parked or missed), and any delivery takes it over at once (Kafka
+        delivers an unacknowledged record again as the same delivery)."""
+        ...
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         """Keep ``state`` (JSON text) as the run's checkpoint, durably, if

@@ -25,6 +25,7 @@ from pysched.protocols import (
     ClaimOutcome,
     Coordinator,
     FailedAttempt,
+    FailedClaim,
     IdempotencyClaims,
     JobExists,
     JobNotActive,
@@ -764,6 +765,37 @@ def test_claim_outcomes(backend: Backend) -> None:
     assert (done.outcome, done.result) == (ClaimOutcome.SUCCEEDED, "42")
     stale = c.claim(record((8, "job", T0 + 1, T0 + 1, 1, 1, 0), 2), "w1", T0, 30_000)
     assert (stale.outcome, stale.fence_floor) == (ClaimOutcome.FENCED, 3)
+
+
+def test_a_failed_delivery_is_taken_over_by_a_later_delivery_only(backend: Backend) -> None:
+    # Kafka may deliver a record again, or an older one, after its run
+    # failed: that delivery is over (FAILED, with the failure the claim
+    # kept), and the run's retry, a later delivery, takes the claim over.
+    c = backend.claims
+    delivered = (7, "job", T0, T0, 1, 2, 0)  # the run's second delivery
+    key = record(delivered, 1).idempotency_key
+    assert c.claim(record(delivered, 1), "w1", T0, 30_000).outcome is ClaimOutcome.CLAIMED
+    c.complete(key, "w1", False, '{"kept": 1}', T0 + 100)
+    assert c.failed_claim(key) == FailedClaim(2, '{"kept": 1}')
+    for attempt in (2, 1):
+        again = c.claim(record((*delivered[:5], attempt, 0), 1), "w2", T0 + 200, 30_000)
+        assert (again.outcome, again.failure) == (ClaimOutcome.FAILED, '{"kept": 1}')
+    retry = c.claim(record((*delivered[:5], 3, 0), 1), "w3", T0 + 300, 30_000)
+    assert (retry.outcome, retry.failure) == (ClaimOutcome.TAKEN_OVER, '{"kept": 1}')
+    assert c.failed_claim(key) is None
+    assert c.claim(record((*delivered[:5], 3, 0), 1), "w4", T0 + 400, 30_000).outcome is ClaimOutcome.BUSY
+
+
+def test_a_claim_let_go_of_is_taken_over_by_the_same_delivery(backend: Backend) -> None:
+    # An interrupted run (or one parked) lets go of its claim with no
+    # outcome: Kafka delivers the very record again, which takes it at once.
+    c = backend.claims
+    rec = record((7, "job", T0, T0, 1, 1, 0), 1)
+    assert c.claim(rec, "w1", T0, 30_000).outcome is ClaimOutcome.CLAIMED
+    c.complete(rec.idempotency_key, "w1", False, None, T0 + 100)
+    assert c.failed_claim(rec.idempotency_key) is None
+    taken = c.claim(rec, "w2", T0 + 200, 30_000)
+    assert (taken.outcome, taken.failure) == (ClaimOutcome.TAKEN_OVER, None)
 
 
 def test_completion_by_a_former_holder_changes_nothing(backend: Backend) -> None:

@@ -19,7 +19,7 @@ from pysched.dispatch.inprocess import InProcessConsumer, InProcessDispatcher
 from pysched.leader.recording import record_sent
 from pysched.model import Job
 from pysched.node import Backends, open_embedded
-from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, Delivery, IdempotencyClaims
+from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, Delivery, FailedClaim, IdempotencyClaims
 from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.targets import RunContext
@@ -144,6 +144,9 @@ class _TimesOutOnce:
         self._maybe_fail("complete")
         self._claims.complete(key, holder, succeeded, result, now_ms)
 
+    def failed_claim(self, key: str) -> FailedClaim | None:
+        return self._claims.failed_claim(key)
+
 
 def _dispatched(backends: Backends, jobs: list[Job]) -> list[bytes]:
     """Register one-shot ``jobs`` and hand their runs on, as a leader does:
@@ -261,6 +264,9 @@ class _MemoryClaims:
             current = self._claims.get(key)
             if current is not None and current[:2] == ("running", holder):
                 self._claims[key] = ("succeeded" if succeeded else "failed", holder, current[2], result)
+
+    def failed_claim(self, key: str) -> FailedClaim | None:
+        return None  # its failures keep nothing to record
 
 
 # What the Python target below sees: each start of the run, and the signal

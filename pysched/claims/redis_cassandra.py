@@ -7,7 +7,9 @@ by a live worker is answered there. Otherwise the authoritative claim is a
 Cassandra lightweight transaction, ``INSERT ... IF NOT EXISTS`` on the run's
 idempotency key, with the three outcomes of the design: succeeded (replay the
 result), running under a live lease (back off), running under a dead lease
-(take over, by a conditional update that only one taker wins).
+(take over, by a conditional update that only one taker wins); and a fourth:
+failed, for the delivery the claim was taken for or an earlier one (not run
+again: the failure is kept on the claim, and its retry is a later delivery).
 
 A running run's lease: the claim row carries the one it began with
 (``lease_expires_ms``); a run still going at its worker's heartbeat moves
@@ -59,7 +61,7 @@ from cassandra.cluster import Session
 
 from pysched.config import ClusterConfig
 from pysched.coord.run_leases import EtcdRunLeases, Holding
-from pysched.protocols import Claim, ClaimHolder, ClaimOutcome
+from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
 from pysched.records import DispatchRecord
 from pysched.stores.cassandra_rows import applied
 
@@ -157,12 +159,12 @@ class RedisCassandraClaims:
         self._record_fence = p(f"INSERT INTO {ks}.claim_fences (partition, fence) VALUES (?, ?)")
         self._read_floor = p(f"SELECT fence FROM {ks}.claim_fences WHERE partition = ? LIMIT 1")
         self._insert = p(
-            f"INSERT INTO {ks}.claims (idem_key, run_id, state, holder, fence, lease_expires_ms, updated_at_ms)"
-            " VALUES (?, ?, 'running', ?, ?, ?, ?) IF NOT EXISTS"
+            f"INSERT INTO {ks}.claims (idem_key, run_id, state, holder, fence, lease_expires_ms, updated_at_ms,"
+            " delivery) VALUES (?, ?, 'running', ?, ?, ?, ?, ?) IF NOT EXISTS"
         )
         self._take_over = p(
             f"UPDATE {ks}.claims SET state = 'running', holder = ?, fence = ?, lease_expires_ms = ?,"
-            " updated_at_ms = ? WHERE idem_key = ? IF state = ? AND holder = ? AND lease_expires_ms = ?"
+            " updated_at_ms = ?, delivery = ? WHERE idem_key = ? IF state = ? AND holder = ? AND lease_expires_ms = ?"
         )
         self._extend = p(
             f"UPDATE {ks}.claims SET lease_expires_ms = ?, updated_at_ms = ? WHERE idem_key = ?"
@@ -172,7 +174,9 @@ class RedisCassandraClaims:
             f"UPDATE {ks}.claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ?"
             " IF holder = ? AND state = 'running'"
         )
-        self._read = p(f"SELECT state, holder, fence, lease_expires_ms, result FROM {ks}.claims WHERE idem_key = ?")
+        self._read = p(
+            f"SELECT state, holder, fence, lease_expires_ms, result, delivery FROM {ks}.claims WHERE idem_key = ?"
+        )
         self._save_checkpoint = p(
             f"UPDATE {ks}.claims SET checkpoint = ?, updated_at_ms = ? WHERE idem_key = ?"
             " IF holder = ? AND state = 'running'"
@@ -205,7 +209,9 @@ class RedisCassandraClaims:
             row = self.session.execute(self._read, (key,)).one()
             return Claim(ClaimOutcome.SUCCEEDED, result=row.result if row else None, fence_floor=floor)
         # Redis let us through; Cassandra decides.
-        res = self.session.execute(self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms))
+        res = self.session.execute(
+            self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms, record.attempt)
+        )
         if applied(res):
             return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
         return self._contend(res.one(), record, holder, now_ms, lease_ms, floor)
@@ -225,7 +231,9 @@ class RedisCassandraClaims:
             return Claim(ClaimOutcome.FENCED, fence_floor=floor)
         floor = record.fence
         key = record.idempotency_key
-        res = self.session.execute(self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms))
+        res = self.session.execute(
+            self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms, record.attempt)
+        )
         if applied(res):
             return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
         return self._contend(res.one(), record, holder, now_ms, lease_ms, floor)
@@ -243,7 +251,15 @@ class RedisCassandraClaims:
             # needed etcd yet (see heartbeat). Tell the fast path who holds it.
             self.redis.set(self._claim_key(key), f"{row.holder}|{row.lease_expires_ms}", px=2 * lease_ms)
             return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=int(row.lease_expires_ms))
-        # Its first lease is over, or it failed before: its key in etcd says
+        delivery = int(row.delivery or 0)
+        if row.state == "failed" and record.attempt <= delivery:
+            # This delivery, or a later one, failed: its retry (if any) is a
+            # delivery of its own. The fast path let this claim through and
+            # holds it under this holder: not so, or the retry would wait.
+            self.redis.delete(self._claim_key(key))
+            return Claim(ClaimOutcome.FAILED, fence_floor=floor, failure=row.result)
+        # Its first lease is over, or it was let go of, or this is a later
+        # delivery of a failed run: its key in etcd says
         # whether a live worker still runs it. Taking that key is the gate
         # only one taker passes; the claim row is then written for it.
         if not self.run_leases.take(key, holder, _ttl_s(lease_ms)):
@@ -252,14 +268,25 @@ class RedisCassandraClaims:
             return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=until_ms)
         res = self.session.execute(
             self._take_over,
-            (holder, record.fence, now_ms + lease_ms, now_ms, key, row.state, row.holder, row.lease_expires_ms),
+            (
+                holder,
+                record.fence,
+                now_ms + lease_ms,
+                now_ms,
+                max(delivery, record.attempt),
+                key,
+                row.state,
+                row.holder,
+                row.lease_expires_ms,
+            ),
         )
         if applied(res):
             # Read once the claim is ours: the former holder can no longer
             # write one, so this is its last.
             saved = self.session.execute(self._read_checkpoint, (key,)).one()
             checkpoint = None if saved is None else saved.checkpoint
-            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=checkpoint)
+            failure = row.result if row.state == "failed" else None
+            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=checkpoint, failure=failure)
         self.run_leases.let_go([key])
         return Claim(ClaimOutcome.BUSY, fence_floor=floor)
 
@@ -292,9 +319,7 @@ class RedisCassandraClaims:
         return not_extended
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
-        res = self.session.execute(
-            self._complete, ("succeeded" if succeeded else "failed", result, now_ms, key, holder)
-        )
+        res = self.session.execute(self._complete, (completed_state(succeeded, result), result, now_ms, key, holder))
         try:
             self.run_leases.let_go([key])
         except Exception as exc:
@@ -306,6 +331,12 @@ class RedisCassandraClaims:
             self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S)
         else:
             self.redis.delete(self._claim_key(key))
+
+    def failed_claim(self, key: str) -> FailedClaim | None:
+        row = self.session.execute(self._read, (key,)).one()
+        if row is None or row.state != "failed" or row.result is None:
+            return None
+        return FailedClaim(int(row.delivery or 0), str(row.result))
 
     def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
         row = self.session.execute(self._read, (key,)).one()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pysched.protocols import Claim, ClaimHolder, ClaimOutcome
+from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
 from pysched.records import DispatchRecord
 from pysched.stores.sqlite_db import SQLiteDatabase
 
@@ -30,33 +30,38 @@ class SQLiteClaims:
                     (record.partition, record.fence),
                 )
             existing = conn.execute(
-                "SELECT state, holder, lease_expires_ms, result FROM claims WHERE idem_key = ?", (key,)
+                "SELECT state, holder, lease_expires_ms, result, delivery FROM claims WHERE idem_key = ?", (key,)
             ).fetchone()
             if existing is None:
                 conn.execute(
-                    "INSERT INTO claims (idem_key, run_id, state, holder, fence, lease_expires_ms, updated_at_ms)"
-                    " VALUES (?, ?, 'running', ?, ?, ?, ?)",
-                    (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms),
+                    "INSERT INTO claims (idem_key, run_id, state, holder, fence, lease_expires_ms, updated_at_ms,"
+                    " delivery) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
+                    (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms, record.attempt),
                 )
                 return Claim(ClaimOutcome.CLAIMED, fence_floor=max(floor, record.fence))
-            state, current_holder, lease_expires_ms, result = existing
+            state, current_holder, lease_expires_ms, result, delivery = existing
             if state == "succeeded":
                 # done before: replay
                 return Claim(ClaimOutcome.SUCCEEDED, result=result, fence_floor=max(floor, record.fence))
             if state == "running" and lease_expires_ms > now_ms and current_holder != holder:
                 # another live holder: back off
                 return Claim(ClaimOutcome.BUSY, fence_floor=max(floor, record.fence), busy_until_ms=lease_expires_ms)
-            # dead lease, failed before, or the holder itself trying again: take over
+            if state == "failed" and record.attempt <= delivery:
+                # this delivery, or a later one, failed: not run again
+                return Claim(ClaimOutcome.FAILED, fence_floor=max(floor, record.fence), failure=result)
+            # dead lease, let go of, a later delivery of a failed run, or the
+            # holder itself trying again: take over
             conn.execute(
                 "UPDATE claims SET state = 'running', holder = ?, fence = ?, lease_expires_ms = ?,"
-                " updated_at_ms = ? WHERE idem_key = ?",
-                (holder, record.fence, now_ms + lease_ms, now_ms, key),
+                " updated_at_ms = ?, delivery = max(delivery, ?) WHERE idem_key = ?",
+                (holder, record.fence, now_ms + lease_ms, now_ms, record.attempt, key),
             )
             saved = conn.execute("SELECT state FROM checkpoints WHERE idem_key = ?", (key,)).fetchone()
             return Claim(
                 ClaimOutcome.TAKEN_OVER,
                 fence_floor=max(floor, record.fence),
                 checkpoint=None if saved is None else str(saved[0]),
+                failure=result if state == "failed" else None,
             )
 
     def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> list[int]:
@@ -87,8 +92,18 @@ class SQLiteClaims:
         with self.db.transaction() as conn:
             conn.execute(
                 "UPDATE claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ? AND holder = ?",
-                ("succeeded" if succeeded else "failed", result, now_ms, key, holder),
+                (completed_state(succeeded, result), result, now_ms, key, holder),
             )
+
+    def failed_claim(self, key: str) -> FailedClaim | None:
+        row = (
+            self.db.connection()
+            .execute("SELECT delivery, result FROM claims WHERE idem_key = ? AND state = 'failed'", (key,))
+            .fetchone()
+        )
+        if row is None or row[1] is None:
+            return None
+        return FailedClaim(int(row[0]), str(row[1]))
 
     def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
         # Nothing to ask: the embedded store hands nothing back (a run sent

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from pysched.memory.faults import FaultHook, Guard
 from pysched.memory.rows import replace_row
-from pysched.protocols import Claim, ClaimHolder, ClaimOutcome
+from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
 from pysched.records import DispatchRecord
 
 ROLE = "claims"
@@ -38,13 +38,16 @@ ROLE = "claims"
 @dataclass(frozen=True, slots=True)
 class ClaimRow:
     run_id: int
-    state: str  # running | succeeded | failed
+    state: str  # running | succeeded | failed | released (let go of, no outcome)
     holder: str
     fence: int
     lease_expires_ms: int
     result: str | None
     updated_at_ms: int
     checkpoint: str | None = None  # the last state saved under the claim
+    # The latest delivery it was taken for (DispatchRecord.attempt): a
+    # failed claim refuses it and every earlier one.
+    delivery: int = 0
 
 
 class ClaimTables:
@@ -104,14 +107,26 @@ class MemoryClaims:
             key = record.idempotency_key
             row = t.rows.get(key)
             if row is None:
-                t.rows[key] = ClaimRow(record.run_id, "running", holder, record.fence, now_ms + lease_ms, None, now_ms)
+                t.rows[key] = ClaimRow(
+                    record.run_id,
+                    "running",
+                    holder,
+                    record.fence,
+                    now_ms + lease_ms,
+                    None,
+                    now_ms,
+                    delivery=record.attempt,
+                )
                 return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
             if row.state == "succeeded":
                 return Claim(ClaimOutcome.SUCCEEDED, result=row.result, fence_floor=floor)
             if row.state == "running" and row.lease_expires_ms > now_ms and row.holder != holder:
                 return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=row.lease_expires_ms)
-            # A dead lease, a failed run, or this holder's own claim again:
-            # the cluster's conditional take-over, which wins here.
+            if row.state == "failed" and record.attempt <= row.delivery:
+                return Claim(ClaimOutcome.FAILED, fence_floor=floor, failure=row.result)
+            # A dead lease, a let-go run, a later delivery of a failed one,
+            # or this holder's own claim again: the cluster's conditional
+            # take-over, which wins here.
             t.rows[key] = replace_row(
                 row,
                 state="running",
@@ -119,8 +134,10 @@ class MemoryClaims:
                 fence=record.fence,
                 lease_expires_ms=now_ms + lease_ms,
                 updated_at_ms=now_ms,
+                delivery=max(row.delivery, record.attempt),
             )
-            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=row.checkpoint)
+            failure = row.result if row.state == "failed" else None
+            return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=row.checkpoint, failure=failure)
 
     def heartbeat(self, keys: Sequence[str], holders: Sequence[str], now_ms: int, lease_ms: int) -> list[int]:
         t = self.tables
@@ -152,8 +169,15 @@ class MemoryClaims:
             row = t.rows.get(key)
             if row is None or row.holder != holder or row.state != "running":
                 return  # no longer ours: whoever took over decides
-            state = "succeeded" if succeeded else "failed"
+            state = completed_state(succeeded, result)
             t.rows[key] = replace_row(row, state=state, result=result, updated_at_ms=now_ms)
+
+    def failed_claim(self, key: str) -> FailedClaim | None:
+        with self._op("failed_claim"):
+            row = self.tables.rows.get(key)
+            if row is None or row.state != "failed" or row.result is None:
+                return None
+            return FailedClaim(row.delivery, row.result)
 
     def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
         with self._op("unfinished_claim"):

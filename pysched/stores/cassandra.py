@@ -228,6 +228,9 @@ SCHEMA = [
     " fence bigint, lease_expires_ms bigint, result text, updated_at_ms bigint)",
     # The run's last checkpoint, written under the claim (claims/redis_cassandra).
     "ALTER TABLE {ks}.claims ADD IF NOT EXISTS (checkpoint text)",
+    # The latest delivery the claim was taken for: a failed claim refuses it
+    # and every earlier one (a row written before has none: 0).
+    "ALTER TABLE {ks}.claims ADD IF NOT EXISTS (delivery int)",
     "CREATE TABLE IF NOT EXISTS {ks}.meta (name text PRIMARY KEY, value int)",
     *job_id_tables.SCHEMA,
     *breaker_tables.SCHEMA,

@@ -96,7 +96,8 @@ CREATE TABLE IF NOT EXISTS claims (
     fence INTEGER NOT NULL,
     lease_expires_ms INTEGER NOT NULL,
     result TEXT,
-    updated_at_ms INTEGER NOT NULL
+    updated_at_ms INTEGER NOT NULL,
+    delivery INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS claims_by_holder ON claims (holder, state);
 -- A run's last checkpoint, by its claim's key: a table of its own, so that a
@@ -208,6 +209,7 @@ class SQLiteDatabase:
                         conn.execute(statement)
                 _add_attempt_columns(conn)
                 _add_runs_since_column(conn)
+                _add_claim_delivery_column(conn)
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 conn.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
@@ -293,6 +295,14 @@ def _add_runs_since_column(conn: sqlite3.Connection) -> None:
     columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(jobs)")}
     if "runs_since_ms" not in columns:
         conn.execute("ALTER TABLE jobs ADD COLUMN runs_since_ms INTEGER NOT NULL DEFAULT 0")
+
+
+def _add_claim_delivery_column(conn: sqlite3.Connection) -> None:
+    """A database made before a claim kept the delivery it was taken for:
+    its failed claims are taken over by any delivery, as they were."""
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(claims)")}
+    if "delivery" not in columns:
+        conn.execute("ALTER TABLE claims ADD COLUMN delivery INTEGER NOT NULL DEFAULT 0")
 
 
 def _create(path: str, partitions: int | None) -> bool:
