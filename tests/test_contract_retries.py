@@ -255,6 +255,25 @@ def _worker(backend: Backend, holder: str, store: ScheduleStore | None = None) -
     return Executor(backend.claims, store or backend.store, clock, holder, config, rng=random.Random(1))
 
 
+@pytest.mark.usefixtures("_no_calls_yet")
+@pytest.mark.parametrize("retries", [3, 0], ids=["retrying", "dead-letter"])
+def test_a_failed_delivery_delivered_again_is_not_run_again(backend: Backend, retries: int) -> None:
+    # Kafka delivers a record again when its acknowledgement was not
+    # committed: a delivery that failed must not run a second time, ahead
+    # of its retry's backoff (or, a dead letter, without a redrive), under
+    # the attempt number it already used.
+    rec = _failing_run_sent(backend, retries)
+    first = _worker(backend, "node-1")
+    assert first.attempt([first.new_execution(rec)]) == [ClaimOutcome.CLAIMED]
+    failed = backend.store.get_run("f", rec.run_at_ms)
+    assert (failed.state, [f.attempt for f in failed.failures]) == ("retrying" if retries else "failed", [1])
+    again = _worker(backend, "node-2")
+    assert again.attempt([again.new_execution(rec)]) == [ClaimOutcome.FAILED]
+    assert _calls == [1]
+    after = backend.store.get_run("f", rec.run_at_ms)
+    assert (after.state, after.due_ms, after.failures) == (failed.state, failed.due_ms, failed.failures)
+
+
 class _AnswerLostOnce:
     """A store whose first run_failed lands and then times out, its answer
     lost."""
@@ -288,4 +307,51 @@ def test_a_failure_recorded_again_after_a_lost_answer_is_retried_once(backend: B
     assert _calls == [1]
     run = backend.store.get_run("f", rec.run_at_ms)
     owed = [r for r in backend.store.due_runs(every(1), t0 + 60_000, t0 + 300) if r.run_id == rec.run_id]
+    assert [(r.due_ms, r.attempt) for r in owed] == [(run.due_ms, 2)]
+
+
+class _DiesBeforeTheHistory:
+    """A store whose node dies after a failed run's claim is completed,
+    before the run's history has the failure."""
+
+    def __init__(self, store: ScheduleStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
+        raise ConnectionError("the node died")
+
+
+@pytest.mark.usefixtures("_no_calls_yet")
+@pytest.mark.parametrize("new_leader", [True, False], ids=["fenced", "same-fence"])
+def test_a_failure_whose_history_write_was_lost_reaches_the_history(backend: Backend, new_leader: bool) -> None:
+    # The worker completed the failed claim, then died before the history
+    # write. Its record comes again, to another worker: rejected for its
+    # fence if a new leader took the partition meanwhile. Either way the
+    # run must not stay "running" for ever, nor be run again at once: the
+    # failure the claim kept is recorded, and the retry it chose is owed.
+    if backend.name == "sqlite":
+        pytest.skip("the embedded engine writes the claim and the history in one commit")
+    t0 = contract.T0
+    rec = _failing_run_sent(backend, 3)
+    dying = _worker(backend, "node-1", _DiesBeforeTheHistory(backend.store))  # type: ignore[arg-type]
+    with pytest.raises(ConnectionError):
+        dying.attempt([dying.new_execution(rec)])
+    assert backend.store.get_run("f", rec.run_at_ms).state == "running"
+    fence = 2 if new_leader else 1
+    for partition in range(4):
+        backend.claims.raise_fence(partition, fence)
+        backend.store.raise_fence(partition, fence)
+    successor = _worker(backend, "node-2")
+    outcome = ClaimOutcome.FENCED if new_leader else ClaimOutcome.FAILED
+    assert successor.attempt([successor.new_execution(rec)]) == [outcome]
+    assert _calls == [1]
+    run = backend.store.get_run("f", rec.run_at_ms)
+    assert (run.state, [(f.attempt, f.kind, f.worker) for f in run.failures]) == (
+        "retrying",
+        [(1, "exception", "node-1")],
+    )
+    owed = [r for r in backend.store.due_runs(every(fence), t0 + 60_000, t0 + 300) if r.run_id == rec.run_id]
     assert [(r.due_ms, r.attempt) for r in owed] == [(run.due_ms, 2)]

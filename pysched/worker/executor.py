@@ -55,6 +55,7 @@ from pysched.overlap import OWED, SlotHold, Verdict, waiting_reason, wake_reason
 from pysched.protocols import (
     ABANDONED,
     Claim,
+    ClaimedFailure,
     ClaimOutcome,
     DeadLetterSink,
     FailedAttempt,
@@ -141,8 +142,12 @@ class Execution:
     recorded_error: str | None = None
     # Its failure to record and when it is retried (None: a dead letter),
     # made once: a repeated recording writes what the first wrote (perhaps
-    # in part), not a retry at a time drawn again.
+    # in part) and its claim kept, not a retry at a time drawn again.
     failure: tuple[FailedAttempt, int | None] | None = None
+    # A failure an earlier delivery's claim kept (ClaimedFailure JSON), not
+    # yet known to be in the run's history: its claim hands it over once,
+    # so it is kept here until recorded, through repeated attempts.
+    claimed_failure: str | None = None
     # The checkpoint it resumes from (JSON text), when it took the run over.
     checkpoint: str | None = None
     # When its claim's lease was last known renewed (claimed or extended).
@@ -621,7 +626,23 @@ class Executor:
                         execution.checkpoint = claim.checkpoint
         self.observer.claimed([claim.outcome for claim in claims])
         for execution, claim in zip(executions, claims, strict=True):
-            if claim.outcome is ClaimOutcome.SUCCEEDED:
+            if claim.failure is not None:
+                execution.claimed_failure = claim.failure
+            if execution.claimed_failure is not None:
+                # A failed delivery's end, kept on its claim: its worker may
+                # have died before the history had it. Recorded before this
+                # delivery is dealt with: a take-over then starts the next
+                # attempt, never the failed one again.
+                self._record_claimed_failure(execution.record, execution.claimed_failure)
+                execution.claimed_failure = None
+            if claim.outcome is ClaimOutcome.FAILED:
+                log.info(
+                    "skipped %s: delivery %d of %s already failed",
+                    execution.record.job_id,
+                    execution.record.attempt,
+                    execution.record.idempotency_key,
+                )
+            elif claim.outcome is ClaimOutcome.SUCCEEDED:
                 # Its history may not say so: the node that ran it may have
                 # died after completing the claim (_record). A history that
                 # says succeeded already keeps its record.
@@ -652,6 +673,22 @@ class Executor:
         waiting: set[str] = set()
         for execution, claim in rejected:
             record = execution.record
+            failed = self.claims.failed_claim(record.idempotency_key)
+            if failed is not None and record.attempt <= failed.delivery:
+                # This delivery failed (or a later one did): the run is owed
+                # by its retry, if any, not by this record. Its failure goes
+                # into the history if the worker died before writing it.
+                self._record_claimed_failure(record, failed.failure)
+                log.warning(
+                    "rejected %s run_at=%d: fence %d is below the partition's %d (a stale leader);"
+                    " delivery %d already failed",
+                    record.job_id,
+                    record.run_at_ms,
+                    record.fence,
+                    claim.fence_floor,
+                    record.attempt,
+                )
+                continue
             now_ms = self.clock.now_ms()
             started_by = self.holder if execution.start_asked else None
             # Most are runs no worker started (a stale leader's sends): no
@@ -964,6 +1001,41 @@ class Executor:
         )
         return failure, retry_due_ms
 
+    def _record_claimed_failure(self, record: DispatchRecord, text: str) -> None:
+        """Write a failure its claim kept (ClaimedFailure) into the run's
+        history, as its delivery's worker would have, unless the history
+        has it already: that worker died between the two writes."""
+        try:
+            claimed = ClaimedFailure.from_json(text)
+        except (ValueError, KeyError, TypeError):
+            # A claim completed before claims kept their failure: the
+            # history was written after it, or the run is taken over as lost.
+            return
+        failure = claimed.failure
+        try:
+            run = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group)
+        except RunNotFound:
+            return
+        if any(f.attempt == failure.attempt for f in run.failures):
+            return
+        failed = record._replace(attempt=claimed.delivery, due_ms=claimed.due_ms)
+        retry_due_ms = claimed.retry_due_ms
+        if retry_due_ms is not None:
+            # Not behind its partition's watermark, where no leader reads it:
+            # the retry was due while nobody knew of it. Never at the time
+            # it was delivered for (see _failure_of).
+            retry_due_ms = max(retry_due_ms, self.clock.now_ms())
+            if retry_due_ms == claimed.due_ms:
+                retry_due_ms += 1
+        self.store.run_failed(failed, failure, retry_due_ms)
+        log.warning(
+            "recorded attempt %d of %s failed, as its claim kept it (its worker died before the history had it)",
+            failure.attempt,
+            record.idempotency_key,
+        )
+        if claimed.retry_due_ms is None and self.dead_letters is not None:
+            self._announce_dead_letter(failed)
+
     def _announce_dead_letter(self, record: DispatchRecord) -> None:
         """After the store has it: a failure to announce loses nothing the
         store holds, and is logged."""
@@ -997,9 +1069,12 @@ class Executor:
         repeated. The claim first: it is what decides whether a redelivery
         runs the run again. A node dying between the two leaves a claim that
         says succeeded, and the redelivery copies its result to the history
-        (_claim); the other order left a history saying succeeded and a
-        running claim whose lease ran out, and the run was run again. Where
-        the store can, both are one commit (``writes_together``)."""
+        (_claim), or one that says failed, keeping the failure, and the next
+        delivery (a redelivery, one rejected for its fence, or the retry)
+        records it (_record_claimed_failure); the other order left a history
+        saying how it ended and a running claim whose lease ran out, and
+        the run was run again. Where the store can, both are one commit
+        (``writes_together``)."""
         with self._lock:
             # Taken for recording: the worker's thread and, at a stop, the
             # interrupting one may both ask.
@@ -1029,10 +1104,19 @@ class Executor:
             for execution, end in ended:
                 # A missed run's claim is not a success: its redelivery would
                 # record it succeeded. Taken over, it finds the run missed. A
-                # parked run let go of its claim, for its next delivery.
+                # parked run let go of its claim, for its next delivery. A
+                # failure is kept on the claim as the history is to have it:
+                # no redelivery runs that delivery again, and the one that
+                # comes after a death before the history write records it.
+                record = execution.record
+                result = end.result
+                if end.state == "failed":
+                    failure, retry_due_ms = failures[execution.holder]
+                    result = ClaimedFailure(failure, retry_due_ms, record.attempt, record.due_ms).to_json()
+                elif end.state in ("missed", "parked"):
+                    result = None
                 succeeded = end.state not in ("failed", "missed", "parked")
-                key = execution.record.idempotency_key
-                self.claims.complete(key, execution.holder, succeeded, end.result, end.at_ms)
+                self.claims.complete(record.idempotency_key, execution.holder, succeeded, result, end.at_ms)
             for execution, end in ended:
                 self._record_history(execution, end, failures.get(execution.holder))
         if self.dead_letters is not None:
