@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from pysched.claims.sqlite import SQLiteClaims
 from pysched.coord.local import SQLiteLeaseCoordinator
+from pysched.protocols import ClaimOutcome
 from pysched.records import DispatchRecord
 from pysched.stores.sqlite import SQLiteScheduleStore
 from pysched.stores.sqlite_db import SCHEMA, SQLiteDatabase
@@ -98,6 +100,28 @@ def test_a_database_made_before_runs_kept_deliveries_apart_keeps_its_runs_owed(d
     record = DispatchRecord(*run, fence=1, dispatched_at_ms=10)
     assert store.run_started(record, "w1", 20) == 3
     store.db.close()
+
+
+def test_a_database_made_before_claims_kept_their_delivery_gains_it(db_path: Path) -> None:
+    # Its failed claims knew no delivery: any delivery takes them over, as
+    # it did; a claim failed from now on refuses its own delivery.
+    old = SCHEMA.replace(
+        "    updated_at_ms INTEGER NOT NULL,\n    delivery INTEGER NOT NULL DEFAULT 0\n",
+        "    updated_at_ms INTEGER NOT NULL\n",
+    )
+    assert old != SCHEMA
+    with sqlite3.connect(db_path) as conn:
+        conn.executescript(old)
+        conn.execute(
+            "INSERT INTO claims (idem_key, run_id, state, holder, fence, lease_expires_ms, result, updated_at_ms)"
+            " VALUES ('job:1:0', 7, 'failed', 'w1', 1, 0, 'exit status 1', 0)"
+        )
+    claims = SQLiteClaims(db_path)
+    record = DispatchRecord(7, "job", 1, 1, 0, 1, 0, fence=1, dispatched_at_ms=10)
+    assert claims.claim(record, "w2", 20, 30_000).outcome is ClaimOutcome.TAKEN_OVER
+    claims.complete(record.idempotency_key, "w2", False, "{}", 30)
+    assert claims.claim(record, "w3", 40, 30_000).outcome is ClaimOutcome.FAILED
+    claims.db.close()
 
 
 def _garbage(path: Path) -> None:
