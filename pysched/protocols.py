@@ -110,6 +110,49 @@ NEAR_MS = 40_000
 SETTLE_MS = 10_000
 
 
+# A row due at or behind its partition's watermark would never be read: the
+# watermark says everything due by then was handed on. It is stored due this
+# far past the watermark instead, past any watermark a leader whose last
+# read began before the row landed may still record: the one stored trails
+# that by up to a reload period (under NEAR_MS, see LeaderConfig) and the
+# seconds between two moves (under SETTLE_MS). The row's change notice has
+# the leader read it at once; to that leader it is due within about NEAR_MS,
+# whatever the writer's clock said.
+AHEAD_OF_WATERMARK_MS = NEAR_MS + SETTLE_MS
+
+
+def placed_ahead(due_ms: int, mark: int | None) -> int:
+    """Where a schedule row meant for ``due_ms`` goes in a partition whose
+    watermark is ``mark`` (None: none read): at ``due_ms``, unless that is
+    at or behind the watermark; then AHEAD_OF_WATERMARK_MS past it.
+
+    For every row a run is owed by: a registration's first run, and a row
+    owed again (a retry, a parking, a hand-back, a trigger, a redrive),
+    whose due time was set before the write landed (from a failure's end, a
+    breaker's reopening, a worker's or a client's clock) and which may land
+    after a leader moved the watermark past it. The stores read the
+    watermark again after the write and place the row again by this rule if
+    it was passed meanwhile."""
+    if mark is None or due_ms > mark:
+        return due_ms
+    return mark + AHEAD_OF_WATERMARK_MS
+
+
+def owed_where_written(
+    state: str, delivery: int, due_ms: int, written_delivery: int, written_due_ms: int, sets_due: bool
+) -> bool:
+    """Whether a run whose row owed again was written (due at
+    ``written_due_ms``, read as the delivery after ``written_delivery``) is
+    still owed by that row, by its run row as read now (``state``, the
+    ``delivery`` it last met, its ``due_ms``): not ended, not handed on
+    since, and, when the write set the run's due time (``sets_due``: all but
+    a hand-back's), not placed elsewhere since. Only then is the row placed
+    again ahead of a watermark that passed it."""
+    if state in ("succeeded", "failed", "cancelled", "missed") or delivery > written_delivery:
+        return False
+    return not sets_due or due_ms == written_due_ms
+
+
 def is_near(run: PlannedRun | None, now_ms: int) -> bool:
     """Whether registering ``run`` must tell its leader at once."""
     return run is not None and run.due_ms <= now_ms + NEAR_MS
@@ -305,6 +348,11 @@ class RunRecord:
     run_id: int
     job_id: str
     run_at_ms: int
+    # When the run is owed: handed on at or after it. For a run owed again
+    # (a retry, a parking, a trigger, a redrive), the time it was owed again
+    # for, unless its row was written after the partition's watermark had
+    # passed that time (placed_ahead): then the later time it is handed on
+    # at. A retry's failure keeps its own end time in ``failures``.
     due_ms: int
     # scheduled | dispatched | running | succeeded | failed | cancelled, or
     # interrupted: stopped with its node, to run again as a new attempt, or

@@ -17,9 +17,9 @@ from pysched.memory.claims import MemoryClaims
 from pysched.memory.coordinator import Election, MemoryCoordinator
 from pysched.memory.dispatcher import Broker, MemoryConsumer, MemoryDispatcher
 from pysched.memory.faults import FaultInjector, FaultPoint, ScriptedFault, SimulatedFault
-from pysched.memory.store import AHEAD_OF_WATERMARK_MS, MemoryScheduleStore, ScheduleTables
+from pysched.memory.store import MemoryScheduleStore, ScheduleTables
 from pysched.model import Job
-from pysched.protocols import NEAR_MS, SETTLE_MS, ClaimOutcome, PlannedRun
+from pysched.protocols import AHEAD_OF_WATERMARK_MS, NEAR_MS, SETTLE_MS, ClaimOutcome, PlannedRun
 from pysched.records import DispatchRecord
 from pysched.registry import register
 from pysched.worker import WorkerPool

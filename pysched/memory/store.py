@@ -36,6 +36,7 @@ from pysched.memory.rows import replace_row
 from pysched.model import Job, Overlap
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
+    AHEAD_OF_WATERMARK_MS,
     NEAR_MS,
     SETTLE_MS,
     AttemptCount,
@@ -60,6 +61,8 @@ from pysched.protocols import (
     delivery_for,
     is_near,
     next_attempt,
+    owed_where_written,
+    placed_ahead,
     replaced_runs,
     runs_behind,
     shown_attempt,
@@ -74,9 +77,9 @@ ROLE = "store"
 # that store's behaviour.
 HAND_BACK_MS = 1_000
 WATERMARK_STEP_MS = 5_000
-# A run registered due at or behind its partition's watermark is stored this
-# far past the watermark instead (see the Cassandra store).
-AHEAD_OF_WATERMARK_MS = NEAR_MS + SETTLE_MS
+# A run registered, or owed again, due at or behind its partition's
+# watermark is stored AHEAD_OF_WATERMARK_MS past it instead
+# (protocols.placed_ahead), as on the Cassandra store.
 _PLACE_ATTEMPTS = 5
 _FINISHED = frozenset({"succeeded", "failed", "cancelled", "missed"})
 # last_runs reads this many of a job's newest rows, as the Cassandra store.
@@ -513,14 +516,16 @@ class MemoryScheduleStore:
                 self.tables.marks[partition] = replace_row(mark, fence=fence)
 
     def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
+        mark = self.watermarks().get(record.partition)
         with self._op("hand_back"):
             if self._of_replaced(record.job_id, record.run_at_ms):
                 return False
             row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
             if row is None or not still_owed(row.state, row.worker, started_by):
                 return False  # started, finished or cancelled since: nothing owed
-            # A second schedule row, ahead of any watermark; the first stays.
-            due = now_ms + HAND_BACK_MS
+            # A second schedule row, a moment from the worker's now, ahead of
+            # the watermark whatever the worker's clock says; the first stays.
+            due = placed_ahead(now_ms + HAND_BACK_MS, mark)
             self.tables.put_schedule(
                 ScheduleRow(
                     record.partition,
@@ -535,7 +540,8 @@ class MemoryScheduleStore:
             )
             self._op.midway("hand_back")
             self.tables.bump(record.partition)
-            return True
+        self._keep_owed_ahead(record, due, record.attempt, record.fence, sets_due=False)
+        return True
 
     # -- the leader's side ----------------------------------------------------
 
@@ -704,6 +710,7 @@ class MemoryScheduleStore:
             return out
 
     def run_failed(self, record: DispatchRecord, failure: FailedAttempt, retry_due_ms: int | None) -> None:
+        mark = None if retry_due_ms is None else self.watermarks().get(record.partition)
         with self._op("run_failed"):
             if self._of_replaced(record.job_id, record.run_at_ms):
                 return
@@ -734,18 +741,22 @@ class MemoryScheduleStore:
                 # goes, so a leader reading it again hands nothing on.
                 self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
                 return
-            # As a hand-back: a row of its own at the retry's due time, whose
-            # delivery is one past the latest the run met; the row it was
-            # delivered from goes, or the run would be due again at once.
-            self._schedule_again(record, retry_due_ms, delivery)
+            # As a hand-back: a row of its own at the retry's due time (or
+            # ahead of the watermark, if the write came too late for it),
+            # whose delivery is one past the latest the run met; the row it
+            # was delivered from goes, or the run would be due again at once.
+            due = placed_ahead(retry_due_ms, mark)
+            self._schedule_again(record, due, delivery)
             self._op.midway("run_failed")
-            self._put_run(record, replace_row(ended, state="retrying", due_ms=retry_due_ms))
-            if retry_due_ms != record.due_ms:
+            self._put_run(record, replace_row(ended, state="retrying", due_ms=due))
+            if due != record.due_ms:
                 self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
-            if retry_due_ms <= failure.ended_at_ms + NEAR_MS:
+            if due != retry_due_ms or due <= failure.ended_at_ms + NEAR_MS:
                 self.tables.bump(record.partition)
+        self._keep_owed_ahead(record, due, delivery, None, sets_due=True)
 
     def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
+        mark = self.watermarks().get(record.partition)
         with self._op("run_parked"):
             if self._of_replaced(record.job_id, record.run_at_ms):
                 return
@@ -756,17 +767,20 @@ class MemoryScheduleStore:
             if job is not None and job.state == "cancelled":
                 self._put_run(record, replace_row(row, state="cancelled", ended_at_ms=now_ms))
                 return
-            # As a retry: a row of its own at ``due_ms``, read as the delivery
-            # after the one parked; the row it was delivered from goes.
+            # As a retry: a row of its own at ``due_ms`` (or ahead of the
+            # watermark), read as the delivery after the one parked; the row
+            # it was delivered from goes.
             delivery = max(row.delivery, record.attempt)
-            self._schedule_again(record, due_ms, delivery)
+            due = placed_ahead(due_ms, mark)
+            self._schedule_again(record, due, delivery)
             self._op.midway("run_parked")
-            parked = replace_row(row, state="parked", due_ms=due_ms, delivery=delivery)
+            parked = replace_row(row, state="parked", due_ms=due, delivery=delivery)
             self._put_run(record, replace_row(parked, error=reason))
-            if due_ms != record.due_ms:
+            if due != record.due_ms:
                 self.tables.delete_schedule(record.partition, record.due_ms, record.run_id)
-            if due_ms <= now_ms + NEAR_MS:
+            if due != due_ms or due <= now_ms + NEAR_MS:
                 self.tables.bump(record.partition)
+        self._keep_owed_ahead(record, due, delivery, None, sets_due=True)
 
     # -- the overlap policy's running slots -----------------------------------
 
@@ -856,21 +870,31 @@ class MemoryScheduleStore:
             return out
 
     def trigger(self, job_id: str, now_ms: int) -> RunRecord:
+        marks = self.watermarks()
         with self._op("trigger"):
             current = self._row(job_id)
             check_triggerable(job_id, current.state)
             group = max((g for at, g in self.tables.runs.get(job_id, {}) if at == now_ms), default=0) + 1
-            self._write_run(job_id, current.partition, PlannedRun(now_ms, now_ms + HAND_BACK_MS), group)
+            # Due a moment from the client's now, ahead of the watermark
+            # whatever the client's clock says; its schedule time is that now.
+            due = placed_ahead(now_ms + HAND_BACK_MS, marks.get(current.partition))
+            self._write_run(job_id, current.partition, PlannedRun(now_ms, due), group)
             self.tables.bump(current.partition)
+        run_id = run_id_for(job_id, now_ms, group)
+        triggered = DispatchRecord(run_id, job_id, now_ms, due, current.partition, 0, group, 0, 0)
+        self._keep_owed_ahead(triggered, due, 0, None, sets_due=True)
         return self.get_run(job_id, now_ms, group)
 
     def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
+        marks = self.watermarks()
         with self._op("redrive"):
             key = (job_id, run_at_ms, attempt_group)
             row = self.tables.runs.get(job_id, {}).get((run_at_ms, attempt_group))
             if key not in self.tables.dead_letters or row is None or row.state != "failed":
                 return False
-            due = now_ms + HAND_BACK_MS  # ahead of any watermark
+            # As a trigger's: a moment from the client's now, ahead of the
+            # watermark whatever the client's clock says.
+            due = placed_ahead(now_ms + HAND_BACK_MS, marks.get(row.partition))
             record = DispatchRecord(
                 row.run_id, job_id, run_at_ms, row.due_ms, row.partition, row.delivery, attempt_group, 0, 0
             )
@@ -879,16 +903,57 @@ class MemoryScheduleStore:
             self._op.midway("redrive")
             del self.tables.dead_letters[key]
             self.tables.bump(row.partition)
-            return True
+        self._keep_owed_ahead(record, due, row.delivery, None, sets_due=True)
+        return True
 
-    def _schedule_again(self, record: DispatchRecord, due_ms: int, delivery: int) -> None:
+    def _schedule_again(self, record: DispatchRecord, due_ms: int, delivery: int, fence: int | None = None) -> None:
         """A schedule row for ``record``'s run at ``due_ms``, read as the
-        delivery after ``delivery`` (no fence: it was handed on by none)."""
+        delivery after ``delivery``, handed on under ``fence`` (None: by no
+        leader; a hand-back's row keeps the rejected delivery's)."""
         self.tables.put_schedule(
             ScheduleRow(
-                record.partition, due_ms, record.run_id, record.job_id, record.run_at_ms, record.attempt_group, delivery
+                record.partition,
+                due_ms,
+                record.run_id,
+                record.job_id,
+                record.run_at_ms,
+                record.attempt_group,
+                delivery,
+                fence,
             )
         )
+
+    def _keep_owed_ahead(
+        self, record: DispatchRecord, due_ms: int, delivery: int, fence: int | None, sets_due: bool
+    ) -> int:
+        """The Cassandra store's: after a row owed again was written
+        (``record``'s run due at ``due_ms``, read as the delivery after
+        ``delivery``), read the watermarks again; one that reached it
+        meanwhile gets a second row ahead of it, its run row the new due
+        time when ``sets_due``, its partition a change notice. A run handed
+        on, ended or placed elsewhere since is left as it is. Where the row
+        is now."""
+        for attempt in range(_PLACE_ATTEMPTS):
+            placed = placed_ahead(due_ms, self.watermarks().get(record.partition))
+            if placed == due_ms:
+                return due_ms
+            if attempt + 1 == _PLACE_ATTEMPTS:
+                raise RuntimeError(
+                    f"the watermark of partition {record.partition} kept moving past the run of job"
+                    f" {record.job_id!r} while it was stored"
+                )
+            with self._op("keep_owed_ahead"):
+                row = self.tables.runs.get(record.job_id, {}).get((record.run_at_ms, record.attempt_group))
+                if row is None or not owed_where_written(
+                    row.state, row.delivery, row.due_ms, delivery, due_ms, sets_due
+                ):
+                    return due_ms
+                self._schedule_again(record, placed, delivery, fence)
+                if sets_due:
+                    self._put_run(record, replace_row(row, due_ms=placed))
+                self.tables.bump(record.partition)
+            due_ms = placed
+        return due_ms
 
     def _run_for(self, record: DispatchRecord) -> RunRow:
         """The run's row, or the one an update would create on Cassandra (a
@@ -1000,10 +1065,11 @@ class MemoryScheduleStore:
 
 def _ahead_of(run: PlannedRun | None, mark: int | None) -> PlannedRun | None:
     """The Cassandra store's: a run due at or behind its partition's
-    watermark goes ahead of it, at the same schedule time."""
-    if run is None or mark is None or run.due_ms > mark:
-        return run
-    return PlannedRun(run.run_at_ms, mark + AHEAD_OF_WATERMARK_MS)
+    watermark goes ahead of it (placed_ahead), at the same schedule time."""
+    if run is None:
+        return None
+    due_ms = placed_ahead(run.due_ms, mark)
+    return run if due_ms == run.due_ms else PlannedRun(run.run_at_ms, due_ms)
 
 
 def _newest_first(runs: Mapping[RunKey, RunRow]) -> list[RunRow]:

@@ -26,7 +26,9 @@ changes that must not race use lightweight transactions. A registration (or
 a reschedule) reads the watermarks before it writes its run and again after:
 a run due at or behind its partition's watermark, which no leader would
 read, is stored ahead of it, and so is one the watermark passed while it
-was being written (AHEAD_OF_WATERMARK_MS, _keep_ahead).
+was being written (protocols.placed_ahead, _keep_ahead). So does every row
+a run is owed again by (a retry, a parking, a hand-back, a trigger, a
+redrive: _keep_owed_ahead), whose due time was set before the write landed.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from pysched.config import ClusterConfig, host_port
 from pysched.model import STORED, Job, Overlap, plannable_job
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
+    AHEAD_OF_WATERMARK_MS,
     DEFAULT_PARTITIONS,
     NEAR_MS,
     SETTLE_MS,
@@ -74,6 +77,8 @@ from pysched.protocols import (
     delivery_for,
     is_near,
     next_attempt,
+    owed_where_written,
+    placed_ahead,
     replaced_runs,
     runs_behind,
     shown_attempt,
@@ -90,20 +95,12 @@ from pysched.stores.cassandra_rows import applied, named_rows
 log = logging.getLogger("pysched.cassandra")
 
 BUCKET_MS = 60_000
-# A run a worker hands back is due this long after: ahead of any watermark.
+# A run a worker hands back (or a client triggers or redrives) is due this
+# long after the caller's now: ahead of the watermark, unless the caller's
+# clock is behind the leaders' (placed_ahead then places it).
 HAND_BACK_MS = 1_000
 # Watermarks move in steps of this much at least: fewer fenced writes.
 WATERMARK_STEP_MS = 5_000
-# A run registered (or rescheduled) due at or behind its partition's
-# watermark would never be read: the watermark says everything due by then
-# was handed on. It is stored due this far past the watermark instead, past
-# any watermark a leader whose last read began before the row landed may
-# still record: the one stored trails that by up to a reload period (under
-# NEAR_MS, see LeaderConfig) and the seconds between two moves (under
-# SETTLE_MS). A registration's change notice has the leader read the row at
-# once; to that leader it is due within about NEAR_MS, whatever the
-# registrant's clock said.
-AHEAD_OF_WATERMARK_MS = NEAR_MS + SETTLE_MS
 # A lightweight transaction that timed out is tried this many times in all.
 _CAS_ATTEMPTS = 5
 _AMBIGUOUS = (WriteTimeout, OperationTimedOut)
@@ -115,8 +112,8 @@ _REGISTRATION_BATCH_BYTES = 4_500
 # it: about 530 bytes measured, with room).
 _ROWS_BYTES = 600
 _FINISHED = frozenset({"succeeded", "failed", "cancelled", "missed"})
-# How often a registration's run is placed ahead of a watermark that keeps
-# passing it while it is written.
+# How often a registration's run, or a row owed again, is placed ahead of a
+# watermark that keeps passing it while it is written.
 _PLACE_ATTEMPTS = 5
 # Jobs whose runs one pruning step reads at once.
 _PRUNE_READ_JOBS = 256
@@ -296,11 +293,12 @@ def _settle_partitions(session: Session, keyspace: str, count: int) -> int:
 def _ahead_of(run: PlannedRun | None, mark: int | None) -> PlannedRun | None:
     """Where a registered run goes: where it was planned, unless that is at
     or behind its partition's watermark (``mark``), which no leader reads
-    from; then ahead of it (AHEAD_OF_WATERMARK_MS). Its schedule time, and
-    so its identity, stays."""
-    if run is None or mark is None or run.due_ms > mark:
-        return run
-    return PlannedRun(run.run_at_ms, mark + AHEAD_OF_WATERMARK_MS)
+    from; then ahead of it (placed_ahead). Its schedule time, and so its
+    identity, stays."""
+    if run is None:
+        return None
+    due_ms = placed_ahead(run.due_ms, mark)
+    return run if due_ms == run.due_ms else PlannedRun(run.run_at_ms, due_ms)
 
 
 def _delivery(row: Any) -> int:
@@ -479,6 +477,10 @@ class CassandraScheduleStore:
         )
         self._set_run_due = p(
             f"UPDATE {ks}.runs SET due_ms = ? WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
+        )
+        # A row owed again placed again ahead of the watermark (_keep_owed_ahead).
+        self._set_owed_due = p(
+            f"UPDATE {ks}.runs SET due_ms = ? WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
         # Conditional: a reschedule that replaced the run meanwhile keeps its own.
         self._set_next_due = p(f"UPDATE {ks}.jobs SET next_due_ms = ? WHERE job_id = ? IF next_run_at_ms = ?")
@@ -882,10 +884,12 @@ class CassandraScheduleStore:
         # Its schedule row may lie behind the watermark the new leader reads
         # from (the old leader recorded it sent): a new row, due a moment from
         # now, and a change notice bring it into that leader's wheel.
+        mark = self.watermarks().get(record.partition)
         row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is None or not still_owed(row.state, row.worker, started_by):
             return False  # started, finished or cancelled since: nothing owed
-        due = now_ms + HAND_BACK_MS
+        # Ahead of the watermark whatever the worker's clock says.
+        due = placed_ahead(now_ms + HAND_BACK_MS, mark)
         self.session.execute(
             self._hand_back_schedule,
             (
@@ -901,6 +905,7 @@ class CassandraScheduleStore:
             ),
         )
         self.session.execute(self._bump, (record.partition,))
+        self._keep_owed_ahead(record, due, record.attempt, record.fence, sets_due=False)
         return True
 
     def raise_fence(self, partition: int, fence: int) -> None:
@@ -1120,17 +1125,22 @@ class CassandraScheduleStore:
         # As a hand-back: a row of its own at the retry's due time, read as
         # the delivery after the latest the run met (no fence: handed on by
         # no leader); the row it was delivered from goes, or the run would be
-        # due again at once (add_read_run takes the earlier row).
+        # due again at once (add_read_run takes the earlier row). A write
+        # that lands after the watermark passed the retry's time (it was
+        # refused for a while) is placed ahead of it: the run's due_ms says
+        # when it is owed, the failure's time stays in its failures.
+        retry_due = placed_ahead(retry_due_ms, self.watermarks().get(record.partition))
         batch.add(
             self._hand_back_schedule,
-            (retry_due_ms // BUCKET_MS, record.partition, retry_due_ms, record.run_id, *key, delivery, None),
+            (retry_due // BUCKET_MS, record.partition, retry_due, record.run_id, *key, delivery, None),
         )
-        batch.add(self._end_failed, (*entry, ended_attempt, "retrying", retry_due_ms, *ended, *key))
-        if retry_due_ms != record.due_ms:
+        batch.add(self._end_failed, (*entry, ended_attempt, "retrying", retry_due, *ended, *key))
+        if retry_due != record.due_ms:
             batch.add(self._delete_schedule, delivered_from)
         self.session.execute(batch)
-        if retry_due_ms <= failure.ended_at_ms + NEAR_MS:
+        if retry_due != retry_due_ms or retry_due <= failure.ended_at_ms + NEAR_MS:
             self.session.execute(self._bump, (record.partition,))
+        self._keep_owed_ahead(record, retry_due, delivery, None, sets_due=True)
 
     def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
         # Read, then plain writes, as run_failed's retry: a row of its own at
@@ -1147,19 +1157,23 @@ class CassandraScheduleStore:
             self.session.execute(self._cancel_run_in_group, (now_ms, *key))
             return
         delivery = max(record.attempt, 0 if row is None else _delivery(row))
+        # ``due_ms`` was set at the run's admission: a write landing after
+        # the watermark passed it is placed ahead of it, as a retry's.
+        due = placed_ahead(due_ms, self.watermarks().get(record.partition))
         batch = BatchStatement(batch_type=BatchType.LOGGED)
         batch.add(
             self._hand_back_schedule,
-            (due_ms // BUCKET_MS, record.partition, due_ms, record.run_id, *key, delivery, None),
+            (due // BUCKET_MS, record.partition, due, record.run_id, *key, delivery, None),
         )
-        batch.add(self._park, (due_ms, delivery, reason, record.run_id, record.partition, *key))
-        if due_ms != record.due_ms:
+        batch.add(self._park, (due, delivery, reason, record.run_id, record.partition, *key))
+        if due != record.due_ms:
             batch.add(
                 self._delete_schedule, (record.due_ms // BUCKET_MS, record.partition, record.due_ms, record.run_id)
             )
         self.session.execute(batch)
-        if due_ms <= now_ms + NEAR_MS:
+        if due != due_ms or due <= now_ms + NEAR_MS:
             self.session.execute(self._bump, (record.partition,))
+        self._keep_owed_ahead(record, due, delivery, None, sets_due=True)
 
     def take_slot(
         self, record: DispatchRecord, holder: str, policy: Overlap | str, now_ms: int, lease_ms: int
@@ -1236,12 +1250,13 @@ class CassandraScheduleStore:
         check_triggerable(job_id, current.state)
         # The run's row is taken with a conditional insert, so two triggers
         # of one job in the same millisecond are two runs, and a run that
-        # already ran is never reset; then its schedule row, due ahead of
-        # any watermark, as a redriven run. (A crash between the two leaves
-        # an unacknowledged run that never fires.) A job cancelled meanwhile
-        # has its run ended cancelled by the worker.
+        # already ran is never reset; then its schedule row, due a moment
+        # from the client's now and ahead of the watermark whatever the
+        # client's clock says, as a redriven run. (A crash between the two
+        # leaves an unacknowledged run that never fires.) A job cancelled
+        # meanwhile has its run ended cancelled by the worker.
         group = max((r.attempt_group for r in self.session.execute(self._groups_at, (job_id, now_ms))), default=0) + 1
-        due = now_ms + HAND_BACK_MS
+        due = placed_ahead(now_ms + HAND_BACK_MS, self.watermarks().get(current.partition))
         while True:
             run_id = run_id_for(job_id, now_ms, group)
             taken = self.session.execute(self._insert_new_run, (job_id, now_ms, group, run_id, due, current.partition))
@@ -1252,6 +1267,8 @@ class CassandraScheduleStore:
             self._insert_schedule, (due // BUCKET_MS, current.partition, due, run_id, job_id, now_ms, group)
         )
         self.session.execute(self._bump, (current.partition,))
+        triggered = DispatchRecord(run_id, job_id, now_ms, due, current.partition, 0, group, 0, 0)
+        self._keep_owed_ahead(triggered, due, 0, None, sets_due=True)
         return self.get_run(job_id, now_ms, group)
 
     def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
@@ -1265,7 +1282,9 @@ class CassandraScheduleStore:
         dead = (row.partition, row.dead_at_ms, *key)
         if self.session.execute(self._get_dead_letter, dead).one() is None:
             return False
-        due = now_ms + HAND_BACK_MS  # ahead of any watermark
+        # As a trigger's: a moment from the client's now, ahead of the
+        # watermark whatever the client's clock says.
+        due = placed_ahead(now_ms + HAND_BACK_MS, self.watermarks().get(row.partition))
         run_id = run_id_for(*key) if row.run_id is None else row.run_id
         batch = BatchStatement(batch_type=BatchType.LOGGED)
         batch.add(self._hand_back_schedule, (due // BUCKET_MS, row.partition, due, run_id, *key, _delivery(row), None))
@@ -1273,6 +1292,8 @@ class CassandraScheduleStore:
         batch.add(self._delete_dead_letter, dead)
         self.session.execute(batch)
         self.session.execute(self._bump, (row.partition,))
+        redriven = DispatchRecord(run_id, job_id, run_at_ms, due, row.partition, _delivery(row), attempt_group, 0, 0)
+        self._keep_owed_ahead(redriven, due, _delivery(row), None, sets_due=True)
         return True
 
     # -- retention ------------------------------------------------------------
@@ -1440,6 +1461,50 @@ class CassandraScheduleStore:
             moved.update((j, run) for j, (_, run) in again.items())
             pending = again
         return moved
+
+    def _keep_owed_ahead(
+        self, record: DispatchRecord, due_ms: int, delivery: int, fence: int | None, sets_due: bool
+    ) -> int:
+        """After a row owed again was written (``record``'s run, due at
+        ``due_ms``, read as the delivery after ``delivery``, handed on under
+        ``fence``), read the watermarks again, as _keep_ahead does for a
+        registration: one a leader whose read missed the row moved to or
+        past it would hide it for good. Such a row gets a second row ahead
+        of the watermark (the old one is not read again; a read of both
+        takes the run once), its run row the new due time when ``sets_due``
+        (all but a hand-back, which leaves the run's due time as it was),
+        and its partition a change notice. A run handed on, ended or placed
+        elsewhere since is left as it is (protocols.owed_where_written).
+        Returns where the row is now."""
+        key = (record.job_id, record.run_at_ms, record.attempt_group)
+        for attempt in range(_PLACE_ATTEMPTS):
+            placed = placed_ahead(due_ms, self.watermarks().get(record.partition))
+            if placed == due_ms:
+                return due_ms
+            if attempt + 1 == _PLACE_ATTEMPTS:
+                raise BackendUnavailable(
+                    f"cassandra: the watermark of partition {record.partition} kept moving past the run of job"
+                    f" {record.job_id!r} while it was stored"
+                )
+            row = self.session.execute(self._get_run, key).one()
+            if row is None:
+                return due_ms  # pruned, or of a cancelled job replaced since
+            state = "scheduled" if row.state is None else row.state
+            current_due = due_ms if row.due_ms is None else int(row.due_ms)
+            if not owed_where_written(state, _delivery(row), current_due, delivery, due_ms, sets_due):
+                return due_ms
+            batch = BatchStatement(batch_type=BatchType.LOGGED)
+            batch.add(
+                self._hand_back_schedule,
+                (placed // BUCKET_MS, record.partition, placed, record.run_id, *key, delivery, fence),
+            )
+            if sets_due:
+                batch.add(self._set_owed_due, (placed, *key))
+            self.session.execute(batch)
+            self.session.execute(self._bump, (record.partition,))
+            log.warning("placed a run of job %s again ahead of a watermark that passed it", record.job_id)
+            due_ms = placed
+        return due_ms
 
     def _add_run_rows(
         self, batch: BatchStatement, job_id: str, partition: int, run: PlannedRun, group: int = 0
