@@ -2,8 +2,9 @@
 lost, doubled, early and late runs, and for sends under a fence that no
 longer leads), its replay, and that it catches holes put back; worlds whose
 downstream goes down behind a real breaker, worlds whose whole cluster
-goes down for two hours, each catch-up policy checked on the return, and
-worlds whose leaders cannot record what they send for a while."""
+goes down for two hours, each catch-up policy checked on the return,
+worlds whose leaders cannot record what they send for a while, and worlds
+whose workers cannot record how their runs ended for a while."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from pysched.leader import recording
 from pysched.leader.cache import RunCache
 from pysched.leader.leases import LeaseKeeper
 from pysched.leader.recording import Recorder
+from pysched.memory import store as memory_store
+from pysched.memory.store import MemoryScheduleStore
 from pysched.protocols import SETTLE_MS, MissedRuns
 from pysched.sim.faults import KINDS, Outage
 from pysched.sim.invariants import check_runs
@@ -108,6 +111,22 @@ FOUND += [catch_up_world(seed, flaky=0.2) for seed in (242, 246, 259)]
 # retry's time again, so the failure its claim kept was not the one it then
 # wrote; recorded late from the claim, its retry fell behind the watermark.
 FOUND += [catch_up_world(seed, flaky=0.2) for seed in (226, 233)]
+
+
+# The workers' writes of how their runs ended refused for a minute, five
+# minutes in (a brownout of the runs table): a flaky run's retry, due a
+# moment after its failure, is written a minute later.
+HISTORY_OUTAGE = Outage(at_s=300, for_s=60)
+
+
+def history_outage_world(seed: int) -> SimConfig:
+    return catch_up_world(seed, flaky=0.2, history_outage=HISTORY_OUTAGE)
+
+
+# Seeds 2 and 4 (and 3 and 9) left a run retrying for good: its retry row
+# landed behind the watermark the leaders had moved on meanwhile, and no
+# leader read it again.
+FOUND += [history_outage_world(seed) for seed in (2, 4)]
 
 
 @pytest.mark.parametrize("config", FOUND, ids=lambda c: f"seed-{c.seed}")
@@ -306,4 +325,13 @@ def test_marks_sent_before_a_run_was_planned_put_back_is_found(monkeypatch: pyte
 def test_a_retried_recording_that_forgets_what_it_stored_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recording, "planned_before", lambda rows, jobs: [])
     report = simulate(recording_outage_world(46))
+    assert any(v.kind == "lost" for v in report.violations), report.violations[:3]
+
+
+def test_rows_owed_again_written_behind_the_watermark_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Written where their due time says, and not checked again after (a
+    # registration's run too: the world's are all due ahead of the watermark).
+    monkeypatch.setattr(memory_store, "placed_ahead", lambda due_ms, mark: due_ms)
+    monkeypatch.setattr(MemoryScheduleStore, "_keep_owed_ahead", lambda self, record, due_ms, *rest, **named: due_ms)
+    report = simulate(history_outage_world(2))
     assert any(v.kind == "lost" for v in report.violations), report.violations[:3]

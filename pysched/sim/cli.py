@@ -79,12 +79,17 @@ def run(
         str | None,
         typer.Option(help="The leaders cannot record what they send at AT s for FOR s, as AT+FOR."),
     ] = None,
+    history_outage: Annotated[
+        str | None,
+        typer.Option(help="The workers cannot record how their runs ended at AT s for FOR s, as AT+FOR."),
+    ] = None,
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
     line that replays it."""
     kinds = _faults(faults)
     blackout, down, recording = _outage(cluster_outage), _outage(downstream_outage), _outage(recording_outage)
+    history = _outage(history_outage)
     if not verbose:
         logging.getLogger("pysched").setLevel(logging.CRITICAL)
     failed = 0
@@ -103,6 +108,7 @@ def run(
             cluster_outage=blackout,
             downstream_outage=down,
             recording_outage=recording,
+            history_outage=history,
         )
         started = time.monotonic()
         report = simulate(config)

@@ -19,13 +19,16 @@ Kinds, as named on the command line:
 - ``skew``: the nodes' clocks differ by up to ``MAX_SKEW_MS`` (for the whole
   run).
 
-Three outages are asked for by name rather than drawn (``Outage``): the
+Four outages are asked for by name rather than drawn (``Outage``): the
 whole cluster down at once (every node, no hand-over); the jobs' downstream
-failing every call; and the leaders unable to record what they sent (the
+failing every call; the leaders unable to record what they sent (the
 store refuses every ``finish_dispatch`` while its reads and every other call
 work: a dispatch table overloaded, a write path timing out), so that what
-was sent is recorded long after it went. No drawn fault overlaps the
-cluster's outage.
+was sent is recorded long after it went; and the workers unable to record
+how their runs ended (the store refuses every ``run_failed``,
+``run_parked``, ``run_finished`` and ``run_missed``: a brownout of the
+runs table), so that a retry or a parking is written long after the time
+it is due. No drawn fault overlaps the cluster's outage.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from pysched.memory.faults import Phase, SimulatedFault
 
 KINDS = ("crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "redis", "skew")
 MAX_SKEW_MS = 500
+# What the history outage refuses: the store's writes of how a run ended.
+RUN_END_WRITES = frozenset({"run_failed", "run_parked", "run_finished", "run_missed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,8 @@ class NodeFaults:
         self.injected = 0
         # The recording outage (see above): every finish_dispatch fails.
         self.recording_down = False
+        # The history outage (see above): every write of a run's end fails.
+        self.history_down = False
 
     def start(self, event: FaultEvent) -> None:
         with self._lock:
@@ -149,6 +156,9 @@ class NodeFaults:
         if self.recording_down and role == "store" and op == "finish_dispatch":
             self.injected += 1
             raise SimulatedFault(f"injected fault: {role}.{op} ({phase}): recording is down")
+        if self.history_down and role == "store" and op in RUN_END_WRITES:
+            self.injected += 1
+            raise SimulatedFault(f"injected fault: {role}.{op} ({phase}): the runs' history is down")
         if not self._active or (role == "dispatcher" and op != "publish"):
             return  # nothing failing now (no draw either); consumers fail by ``rebalance``
         with self._lock:

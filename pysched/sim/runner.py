@@ -58,6 +58,8 @@ class SimConfig:
     downstream_outage: Outage | None = None
     # The leaders cannot record what they send for a while (faults.py).
     recording_outage: Outage | None = None
+    # The workers cannot record how their runs ended for a while (faults.py).
+    history_outage: Outage | None = None
 
     def replay_line(self) -> str:
         options = [
@@ -77,6 +79,8 @@ class SimConfig:
             options.append(f"--downstream-outage {self.downstream_outage.spec()}")
         if self.recording_outage is not None:
             options.append(f"--recording-outage {self.recording_outage.spec()}")
+        if self.history_outage is not None:
+            options.append(f"--history-outage {self.history_outage.spec()}")
         return " ".join(options)
 
 
@@ -112,7 +116,10 @@ def simulate(config: SimConfig) -> SimReport:
     leader_config = LeaderConfig(catch_up_rate=config.catch_up_rate)
     worker_config = WORKER_CONFIG if down is None else OUTAGE_WORKER_CONFIG
     recording = None if config.recording_outage is None else config.recording_outage.window_ms(START_MS, STEP_MS)
-    world = World(rng, config.nodes, config.partitions, START_MS, plan, worker_config, leader_config, recording)
+    history = None if config.history_outage is None else config.history_outage.window_ms(START_MS, STEP_MS)
+    world = World(
+        rng, config.nodes, config.partitions, START_MS, plan, worker_config, leader_config, recording, history
+    )
     world_id = f"world-{next(_worlds)}"
     ledger = open_ledger(world_id, world.clock, down)
     try:
@@ -123,8 +130,10 @@ def simulate(config: SimConfig) -> SimReport:
         # Runs due before the downstream is back and settled are owed
         # whenever they come, as are those of a fault, and those whose
         # earlier runs could not be recorded (their next runs are planned
-        # when the recording is).
-        quiet_from = max([plan.quiet_from_ms] + [window[1] for window in (down, recording) if window is not None])
+        # when the recording is), and those that ended while their end could
+        # not be written (a retry is owed once it is).
+        windows = (down, recording, history)
+        quiet_from = max([plan.quiet_from_ms] + [window[1] for window in windows if window is not None])
         report.violations += _judge(world, jobs, ledger, end, quiet_from, leader_config, report)
         report.executed = ledger.executed
         report.digest = ledger.digest()

@@ -169,6 +169,7 @@ class World:
         worker_config: WorkerConfig = WORKER_CONFIG,
         leader_config: LeaderConfig | None = None,
         recording_outage_ms: tuple[int, int] | None = None,
+        history_outage_ms: tuple[int, int] | None = None,
     ) -> None:
         self.rng = rng
         self.clock = ManualClock(start_ms)
@@ -192,6 +193,8 @@ class World:
         self.blacked_out = False
         # [down, up): the leaders cannot record what they send.
         self.recording_outage_ms = recording_outage_ms
+        # [down, up): the workers cannot record how their runs ended.
+        self.history_outage_ms = history_outage_ms
 
     def round(self) -> None:
         """Begin and end the faults due now, then one round of every live
@@ -200,6 +203,7 @@ class World:
         now = self.clock.now_ms()
         self._blackout(now)
         self._recording_outage(now)
+        self._history_outage(now)
         self._faults(now)
         nodes = list(self.nodes)
         self.rng.shuffle(nodes)
@@ -241,6 +245,19 @@ class World:
         else:
             for node in self.nodes:
                 node.faults.recording_down = False
+
+    def _history_outage(self, now: int) -> None:
+        if self.history_outage_ms is None:
+            return
+        down, up = self.history_outage_ms
+        if down <= now < up:
+            if not self.nodes[0].faults.history_down:
+                self.faults_begun += 1
+            for node in self.nodes:
+                node.faults.history_down = True
+        else:
+            for node in self.nodes:
+                node.faults.history_down = False
 
     def _faults(self, now: int) -> None:
         while self._pending and self._pending[0].at_ms <= now:
