@@ -19,6 +19,9 @@ import pytest
 import pysched
 from pysched import Client, InvalidJob, JobExists, JobNotActive, JobNotFound
 from pysched.client import RunKey
+from pysched.clock import ManualClock
+from pysched.leader.recording import record_sent
+from pysched.protocols import SETTLE_MS
 from tests.conftest import cluster_config_for
 from tests.helpers import now_ms, write_config
 
@@ -141,6 +144,24 @@ def test_a_redrive_of_no_dead_letter_says_so(client: Client) -> None:
     client.add(shell_job("fine"))
     key = RunKey("fine", 1, 0)
     assert client.redrive([key]) == pysched.Redriven(redriven=(), not_dead_letters=(key,))
+
+
+def test_a_run_triggered_from_a_clock_behind_the_leaders_is_still_handed_on(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The trigger's row is due a moment after the client's now; 15 s behind
+    # the leader's, that is behind the watermark the leader keeps SETTLE_MS
+    # behind its own, which no leader reads from.
+    client.add(shell_job("report"))
+    leader_now = now_ms()
+    fences = dict.fromkeys(range(client.store.partitions), 1)
+    record_sent(client.store, [], fences, dict.fromkeys(fences, leader_now - SETTLE_MS), leader_now)
+    monkeypatch.setattr(client, "clock", ManualClock(leader_now - 15_000))
+    run = client.trigger("report")
+    owed = client.store.due_runs(fences, leader_now + 900_000, leader_now + 1_000)
+    read = [r for r in owed if r.run_id == run.run_id]
+    assert [(r.run_at_ms, r.attempt_group) for r in read] == [(run.run_at_ms, run.attempt_group)]
+    assert client.get_run(RunKey.of(run)).due_ms == read[0].due_ms
 
 
 # -- declared jobs ------------------------------------------------------------
