@@ -46,16 +46,20 @@ def plan_after_dispatch(rows: Sequence[Run], jobs: Mapping[str, JobPlanState], n
     each, nothing if its job is not active (absent from ``jobs``) or it is a
     re-send (``is_resend``); else the job's next run, or its completion when
     no run is to come (a one-shot, a finished schedule). A job with several
-    runs in the batch is judged by what its earlier runs planned."""
+    runs in the batch is judged by what its earlier runs planned. Each plan
+    names the next run it was made from (NextRuns.planned_from)."""
     states = dict(jobs)
     planned: dict[str, NextRun] = {}
     completed: dict[str, None] = {}
+    # What each plan was made from, as read: its write applies only to that.
+    planned_from: dict[str, int | None] = {}
     for row in rows:
         state = states.get(row.job_id)
         # A run triggered beside the schedule (attempt group above 0)
         # follows no schedule time: the schedule's own runs plan it.
         if state is None or row.attempt_group != 0 or is_resend(state, row.run_at_ms):
             continue
+        planned_from.setdefault(row.job_id, jobs[row.job_id].next_run_at_ms)
         nxt, missed = catchup.next_run(state.job, state.jitter_ms, row.run_at_ms, now_ms)
         if nxt is None:
             completed[row.job_id] = None
@@ -64,7 +68,7 @@ def plan_after_dispatch(rows: Sequence[Run], jobs: Mapping[str, JobPlanState], n
             continue
         planned[row.job_id] = NextRun(row.job_id, state.partition, nxt, missed)
         states[row.job_id] = replace(state, next_run_at_ms=nxt.run_at_ms)
-    return NextRuns(list(planned.values()), list(completed))
+    return NextRuns(list(planned.values()), list(completed), planned_from=planned_from)
 
 
 def planned_before(rows: Sequence[Run], jobs: Mapping[str, JobPlanState]) -> list[NextRun]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -482,8 +483,17 @@ class NextRuns:
     # Jobs with no run to come: they complete.
     completed: list[str]
     # Next runs already stored for re-sent runs (planning.planned_before):
-    # written again never, returned with the runs stored.
+    # returned with the runs stored; a cluster store writes one again only
+    # where it finds no row of it (its recording may have died between the
+    # job's pointer and the run's rows), never over one.
     stored_before: list[NextRun] = field(default_factory=list)
+    # Per job planned for (a next run or a completion), its next run's
+    # schedule time as ``planning_state`` read it (None: none known). The
+    # plan was made from the job as it was then: the store writes it only
+    # while the job is active with that same next run, in one conditional
+    # write. A reschedule, a resume or another leader's record of the same
+    # run moves it, and has planned the job's next run itself.
+    planned_from: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -514,8 +524,24 @@ def within_fences(outcome: DispatchOutcome, fences: Fences, floors: Mapping[int,
             [nxt for nxt in outcome.next_runs.runs if nxt.partition not in stale],
             [job_id for job_id in outcome.next_runs.completed if partition_of.get(job_id) not in stale],
             [nxt for nxt in outcome.next_runs.stored_before if nxt.partition not in stale],
+            outcome.next_runs.planned_from,
         ),
     )
+
+
+def log_stale_plans(log: logging.Logger, job_ids: Collection[str]) -> None:
+    """Say that the plans for ``job_ids`` were not written: each job changed
+    after its plan was read (NextRuns.planned_from), and what changed it
+    planned its next run."""
+    if job_ids:
+        shown = sorted(job_ids)
+        log.info(
+            "%d next runs or completions not recorded: planned from a job state that changed before the write"
+            " (a reschedule, resume or another leader planned them): %s%s",
+            len(shown),
+            ", ".join(shown[:5]),
+            "" if len(shown) <= 5 else ", ...",
+        )
 
 
 def stored_runs(next_runs: Sequence[NextRun]) -> list[Run]:
@@ -652,8 +678,11 @@ class ScheduleStore(Protocol):
         """After the dispatcher has the rows durably: record them handed on
         at their attempt (a run a worker already started, or one cancelled
         meanwhile, keeps its state); record ``next_runs``, as the core planned
-        them from ``planning_state`` (a job cancelled meanwhile stays
-        cancelled); then move the watermarks of the partitions in ``marks``
+        them from ``planning_state``, each only while its job is active with
+        the next run it was planned from (NextRuns.planned_from): a job
+        cancelled, paused, rescheduled or planned by another leader meanwhile
+        keeps what that did, and a run handed on or run meanwhile is never
+        made to wait again; then move the watermarks of the partitions in ``marks``
         up to the due time given (never back, and never for a fence older
         than the partition's). The caller vouches that every run of those
         partitions due by then has been handed on (an empty ``rows`` says so

@@ -62,6 +62,7 @@ def _plan(store: ScheduleStore, rows: Sequence[Run], now_ms: int) -> NextRuns:
         part = plan_after_dispatch(sliced_rows, jobs, now_ms)
         planned.runs.extend(part.runs)
         planned.completed.extend(part.completed)
+        planned.planned_from.update(part.planned_from)
         planned.stored_before.extend(planned_before(sliced_rows, jobs))
     return planned
 

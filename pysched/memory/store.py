@@ -23,6 +23,7 @@ between them: it reads the watermarks, writes, and reads them again.
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -50,6 +51,7 @@ from pysched.protocols import (
     JobPlanState,
     JobRecord,
     MissedRuns,
+    NextRun,
     NextRuns,
     PlannedRun,
     Registration,
@@ -60,6 +62,7 @@ from pysched.protocols import (
     check_triggerable,
     delivery_for,
     is_near,
+    log_stale_plans,
     next_attempt,
     owed_where_written,
     placed_ahead,
@@ -73,6 +76,7 @@ from pysched.protocols import (
 from pysched.records import DispatchRecord, idempotency_key, run_id_for
 
 ROLE = "store"
+log = logging.getLogger("pysched.memory")
 # The same constants as the Cassandra store: what the simulator checks is
 # that store's behaviour.
 HAND_BACK_MS = 1_000
@@ -621,21 +625,67 @@ class MemoryScheduleStore:
             self.tables.put_schedule(replace_row(sched, attempt=run.attempt, fence=fence))
 
     def _store_next(self, next_runs: NextRuns, now_ms: int) -> list[Run]:
-        # As the Cassandra store: the next run and the job's pointer to it
-        # are written whatever the job's state now (its run rows are upserts
-        # and the pointer update sets no state), a completion plainly.
+        # As the Cassandra store: each plan written only to the job it was
+        # made from (IF state = 'active' AND next_run_at_ms = the one read),
+        # moving its pointer or completing it; then the next runs of the
+        # jobs moved, and those of runs sent again, where missing.
+        read = next_runs.planned_from
+        moved: list[NextRun] = []
+        stale: list[str] = []
         for nxt in next_runs.runs:
-            self._write_run(nxt.job_id, nxt.partition, nxt.run)
+            current = self._as_planned(nxt.job_id, read.get(nxt.job_id))
+            if current is None:
+                stale.append(nxt.job_id)
+                continue
+            self.tables.jobs[nxt.job_id] = replace_row(current, next_run=nxt.run, updated_at_ms=now_ms)
+            moved.append(nxt)
+        for job_id in next_runs.completed:
+            current = self._as_planned(job_id, read.get(job_id))
+            if current is None:
+                stale.append(job_id)
+                continue
+            self.tables.jobs[job_id] = replace_row(current, state="completed", next_run=None, updated_at_ms=now_ms)
+        log_stale_plans(log, stale)
+        stored = self._store_planned_rows(moved)
+        self._store_planned_rows(next_runs.stored_before)
+        return stored_runs([*stored, *next_runs.stored_before])
+
+    def _as_planned(self, job_id: str, next_run_at_ms: int | None) -> JobRow | None:
+        """The job's row, if it is active with the next run a plan was made
+        from (the condition of the Cassandra store's write)."""
+        job = self.tables.jobs.get(job_id)
+        if job is None or job.state != "active":
+            return None
+        return job if (None if job.next_run is None else job.next_run.run_at_ms) == next_run_at_ms else None
+
+    def _store_planned_rows(self, runs: Sequence[NextRun]) -> list[NextRun]:
+        """The Cassandra store's: each run's row where none is (IF NOT
+        EXISTS), then its schedule row; a row cancelled before it was ever
+        handed on is written again while its job points at it, one waiting
+        gets its schedule row again, any other is left as it is."""
+        stored: list[NextRun] = []
+        for nxt in runs:
+            key = (nxt.run.run_at_ms, 0)
+            row = self.tables.runs.get(nxt.job_id, {}).get(key)
+            job = self.tables.jobs.get(nxt.job_id)
+            if row is None:
+                self._write_run(nxt.job_id, nxt.partition, nxt.run)
+            elif row.state == "cancelled" and row.dispatched_at_ms is None:
+                points_here = job is not None and job.next_run is not None and job.next_run.run_at_ms == key[0]
+                if not (points_here and job is not None and job.state == "active"):
+                    continue
+                self._write_run(nxt.job_id, nxt.partition, nxt.run)
+            elif row.state == "scheduled" and row.dispatched_at_ms is None:
+                run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
+                self.tables.put_schedule(
+                    ScheduleRow(nxt.partition, nxt.run.due_ms, run_id, nxt.job_id, nxt.run.run_at_ms, 0)
+                )
+            else:
+                continue
             if nxt.missed is not None:
                 self.tables.keep_missed(nxt.missed)
-            current = self.tables.jobs.get(nxt.job_id)
-            if current is not None:
-                self.tables.jobs[nxt.job_id] = replace_row(current, next_run=nxt.run, updated_at_ms=now_ms)
-        for job_id in next_runs.completed:
-            current = self.tables.jobs.get(job_id)
-            if current is not None:
-                self.tables.jobs[job_id] = replace_row(current, state="completed", next_run=None, updated_at_ms=now_ms)
-        return stored_runs([*next_runs.runs, *next_runs.stored_before])
+            stored.append(nxt)
+        return stored
 
     def _move_watermark(self, partition: int, through_ms: int, fence: int) -> None:
         # IF fence <= f AND fired_through_ms < through: refused for a leader

@@ -65,6 +65,7 @@ from pysched.protocols import (
     JobPlanState,
     JobRecord,
     MissedRuns,
+    NextRun,
     NextRuns,
     PartitionsMismatch,
     PlannedRun,
@@ -76,6 +77,7 @@ from pysched.protocols import (
     check_triggerable,
     delivery_for,
     is_near,
+    log_stale_plans,
     next_attempt,
     owed_where_written,
     placed_ahead,
@@ -427,12 +429,16 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.schedule SET attempt = ?, fence = ? WHERE time_bucket = ? AND shard = ? AND due_ms = ?"
             " AND run_id = ?"
         )
-        self._complete_job = p(
-            f"UPDATE {ks}.jobs SET state = 'completed', next_run_at_ms = null, next_due_ms = null, updated_at_ms = ?"
-            " WHERE job_id = ?"
-        )
-        self._set_next = p(
+        # A plan's write, on the job as the plan read it (NextRuns.planned_from):
+        # a job rescheduled, resumed, paused, cancelled or planned by another
+        # leader since keeps what that planned.
+        self._set_next_as_planned = p(
             f"UPDATE {ks}.jobs SET next_run_at_ms = ?, next_due_ms = ?, updated_at_ms = ? WHERE job_id = ?"
+            " IF state = 'active' AND next_run_at_ms = ?"
+        )
+        self._complete_as_planned = p(
+            f"UPDATE {ks}.jobs SET state = 'completed', next_run_at_ms = null, next_due_ms = null, updated_at_ms = ?"
+            " WHERE job_id = ? IF state = 'active' AND next_run_at_ms = ?"
         )
         self._history = p(
             f"SELECT run_id, job_id, run_at_ms, due_ms, state, attempt, ended_attempt, fence, dispatched_at_ms,"
@@ -1001,22 +1007,89 @@ class CassandraScheduleStore:
         return stored
 
     def _store_next(self, next_runs: NextRuns, now_ms: int) -> list[Run]:
+        """Each plan written to the job it was made from: one lightweight
+        transaction on the job's row (still active, its next run the one the
+        plan read) moves the job's pointer to the run planned, or completes
+        it. The fence check above is a read: a leader that lost the
+        partition since, or paused past it, is refused here. The next
+        runs of the jobs moved are then stored (_store_planned_rows)."""
+        read = next_runs.planned_from
+        gates: list[tuple[PreparedStatement, tuple[Any, ...]]] = [
+            (self._set_next_as_planned, (n.run.run_at_ms, n.run.due_ms, now_ms, n.job_id, read.get(n.job_id)))
+            for n in next_runs.runs
+        ]
+        gates += [(self._complete_as_planned, (now_ms, job_id, read.get(job_id))) for job_id in next_runs.completed]
+        planned_ids = [n.job_id for n in next_runs.runs] + list(next_runs.completed)
+        moved: list[NextRun] = []
+        stale: list[str] = []
+        results = execute_concurrent(self.session, gates, concurrency=128)
+        for i, (job_id, (ok, result)) in enumerate(zip(planned_ids, results, strict=True)):
+            if not ok:
+                raise result
+            if not applied(result):
+                stale.append(job_id)
+            elif i < len(next_runs.runs):
+                moved.append(next_runs.runs[i])
+        log_stale_plans(log, stale)
+        stored = self._store_planned_rows(moved)
+        # A recording that died between the pointers and the rows: its runs
+        # are stored here when they were sent again, as far as missing.
+        self._store_planned_rows(next_runs.stored_before)
+        return stored_runs([*stored, *next_runs.stored_before])
+
+    def _store_planned_rows(self, runs: Sequence[NextRun]) -> list[NextRun]:
+        """The run rows of next runs whose job points at them: each where
+        no row of it is (IF NOT EXISTS), and only then its schedule row, so
+        that a write landing late never takes back a run handed on, run,
+        paused or cancelled since. A row cancelled before it was ever
+        handed on (a reschedule dropped the run, and the new schedule
+        plans the same time) is the job's run again while the job still
+        points at it. The runs stored, or found waiting."""
+        inserts = [
+            (
+                self._insert_new_run,
+                (n.job_id, n.run.run_at_ms, 0, run_id_for(n.job_id, n.run.run_at_ms, 0), n.run.due_ms, n.partition),
+            )
+            for n in runs
+        ]
+        # The runs to store, each with whether its run row is written again.
+        stored: list[tuple[NextRun, bool]] = []
+        revive: list[NextRun] = []
+        for nxt, (ok, result) in zip(runs, execute_concurrent(self.session, inserts, concurrency=128), strict=True):
+            if not ok:
+                raise result
+            if applied(result):
+                stored.append((nxt, False))
+                continue
+            row = result.one()
+            if row.state == "cancelled" and row.dispatched_at_ms is None:
+                revive.append(nxt)
+            elif row.state == "scheduled" and row.dispatched_at_ms is None:
+                stored.append((nxt, False))  # an earlier try's: its schedule row may be missing
+        pointers = execute_concurrent_with_args(self.session, self._get_job, [(n.job_id,) for n in revive])
+        for nxt, (ok, result) in zip(revive, pointers, strict=True):
+            if not ok:
+                raise result
+            job = result.one()
+            if job is not None and job.state == "active" and job.next_run_at_ms == nxt.run.run_at_ms:
+                stored.append((nxt, True))
         batches: list[tuple[BatchStatement, None]] = []
-        for nxt in next_runs.runs:
+        for nxt, revived in stored:
             batch = BatchStatement(batch_type=BatchType.LOGGED)
-            self._add_run_rows(batch, nxt.job_id, nxt.partition, nxt.run)
-            # Not the state: a cancel racing this must stay a cancel.
-            batch.add(self._set_next, (nxt.run.run_at_ms, nxt.run.due_ms, now_ms, nxt.job_id))
+            run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
+            if revived:
+                batch.add(self._insert_run, (nxt.job_id, nxt.run.run_at_ms, 0, run_id, nxt.run.due_ms, nxt.partition))
+            batch.add(
+                self._insert_schedule,
+                (nxt.run.due_ms // BUCKET_MS, nxt.partition, nxt.run.due_ms, run_id, nxt.job_id, nxt.run.run_at_ms, 0),
+            )
             if nxt.missed is not None:
                 batch.add(self._insert_missed, _missed_row(nxt.missed))
             batches.append((batch, None))
         for ok, result in execute_concurrent(self.session, batches, concurrency=128):
             if not ok:
                 raise result
-        # A plain write, all at once: a one-shot whose run was sent is done, and
-        # a burst of 50,000 of them cannot wait on one Paxos round each.
-        self._concurrent(self._complete_job, [(now_ms, job_id) for job_id in next_runs.completed])
-        return stored_runs([*next_runs.runs, *next_runs.stored_before])
+        return [nxt for nxt, _ in stored]
 
     # -- the worker's side ----------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,11 +34,14 @@ from pysched.protocols import (
     RunRecord,
     check_triggerable,
     is_near,
+    log_stale_plans,
     replaced_runs,
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
 from pysched.stores.sqlite_db import SQLiteDatabase
+
+log = logging.getLogger("pysched.sqlite")
 
 # Runs a leader holding :fence at :now must hand on. A run dispatched under an
 # older fence was in a queue that died with its leader; a running run whose
@@ -435,6 +439,17 @@ class SQLiteScheduleStore:
             floors = dict(conn.execute("SELECT partition, fence FROM fences").fetchall())
             allowed = within_fences(DispatchOutcome(rows, marks, next_runs), fences, floors)
             rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
+            # Planned from a read before this transaction: of a job whose next
+            # run is no longer the one read (a reschedule, a resume), the
+            # plan is the old job's; what changed it planned its next run.
+            stale = self._moved_since_planned(conn, next_runs)
+            if stale:
+                log_stale_plans(log, stale)
+                next_runs = replace(
+                    next_runs,
+                    runs=[nxt for nxt in next_runs.runs if nxt.job_id not in stale],
+                    completed=[job_id for job_id in next_runs.completed if job_id not in stale],
+                )
             # A run retrying (or parked) is dispatched by its next delivery,
             # not by a late record of the one that failed (or was parked): a
             # worker can deal with it before its dispatch is recorded.
@@ -488,6 +503,23 @@ class SQLiteScheduleStore:
                 marks_by_partition.items(),
             )
         return stored
+
+    @staticmethod
+    def _moved_since_planned(conn: sqlite3.Connection, next_runs: NextRuns) -> set[str]:
+        """The jobs planned for whose next run (as planning_state reads it)
+        is not the one their plan was made from (NextRuns.planned_from)."""
+        planned = list(dict.fromkeys([*(nxt.job_id for nxt in next_runs.runs), *next_runs.completed]))
+        moved: set[str] = set()
+        for start in range(0, len(planned), _CHUNK):
+            read = {job_id: next_runs.planned_from.get(job_id) for job_id in planned[start : start + _CHUNK]}
+            rows = conn.execute(
+                "SELECT ids.key FROM json_each(?) ids WHERE (SELECT r.run_at_ms FROM runs r WHERE r.job_id = ids.key"
+                " AND r.attempt_group = 0 AND r.state != 'cancelled' ORDER BY r.run_at_ms DESC LIMIT 1)"
+                " IS NOT ids.value",
+                (json.dumps(read),),
+            )
+            moved.update(str(row[0]) for row in rows)
+        return moved
 
     # -- the worker's side ----------------------------------------------------
 
