@@ -121,3 +121,15 @@ def test_a_stale_leaders_plan_leaves_the_next_run_that_already_ran_as_it_ended(
     sent, planned = _send(backend, 2, t0 + 30_000, t0 + 20_000)
     assert [r.run_at_ms for r in sent] == [t0 + 30_000]
     assert [r.run_at_ms for r in planned] == [t0 + 40_000]
+
+
+def test_a_time_the_old_schedule_dropped_is_run_when_the_new_one_plans_it(backend: Backend) -> None:
+    # Every 20 s, rescheduled to every 10 s before its next run: the dropped
+    # run's time is the new schedule's second, which its first run plans.
+    t0, store = test_contract.T0, backend.store
+    store.add_job(cron_job(expr="*/20 * * * * *"), 0, 0, PlannedRun(t0 + 20_000, t0 + 20_000), t0)
+    store.reschedule(cron_job(), 0, PlannedRun(t0 + 10_000, t0 + 10_000), t0 + 1_000)
+    sent, planned = _send(backend, 1, t0 + 10_000, t0)
+    assert ([r.run_at_ms for r in sent], [r.run_at_ms for r in planned]) == ([t0 + 10_000], [t0 + 20_000])
+    sent, planned = _send(backend, 1, t0 + 20_000, t0 + 10_000)
+    assert ([r.run_at_ms for r in sent], [r.run_at_ms for r in planned]) == ([t0 + 20_000], [t0 + 30_000])

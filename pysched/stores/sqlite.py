@@ -467,11 +467,16 @@ class SQLiteScheduleStore:
             # that has taken the id of the cancelled one whose run was sent
             # (its runs begin after any run of the one it replaced).
             sent_at = {r.job_id: r.run_at_ms for r in rows if r.attempt_group == 0}
+            # A run a reschedule dropped before it was ever handed on is the
+            # job's again when its new schedule plans the same time.
             for nxt in next_runs.runs:
-                cur = conn.execute(
-                    "INSERT OR IGNORE INTO runs (job_id, run_at_ms, due_ms, partition, state)"
+                row = conn.execute(
+                    "INSERT INTO runs (job_id, run_at_ms, due_ms, partition, state)"
                     " SELECT ?, ?, ?, ?, 'scheduled' WHERE EXISTS"
-                    " (SELECT 1 FROM jobs WHERE job_id = ? AND state = 'active' AND runs_since_ms <= ?)",
+                    " (SELECT 1 FROM jobs WHERE job_id = ? AND state = 'active' AND runs_since_ms <= ?)"
+                    " ON CONFLICT (job_id, run_at_ms, attempt_group) DO UPDATE SET state = 'scheduled',"
+                    " due_ms = excluded.due_ms, ended_at_ms = NULL"
+                    " WHERE runs.state = 'cancelled' AND runs.dispatched_at_ms IS NULL RETURNING run_id",
                     (
                         nxt.job_id,
                         nxt.run.run_at_ms,
@@ -480,11 +485,9 @@ class SQLiteScheduleStore:
                         nxt.job_id,
                         sent_at.get(nxt.job_id, nxt.run.run_at_ms),
                     ),
-                )
-                if cur.rowcount == 1 and cur.lastrowid is not None:
-                    stored.append(
-                        Run(cur.lastrowid, nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0)
-                    )
+                ).fetchone()
+                if row is not None:
+                    stored.append(Run(int(row[0]), nxt.job_id, nxt.run.run_at_ms, nxt.run.due_ms, nxt.partition, 1, 0))
                 if nxt.missed is not None:
                     self._insert_missed(conn, nxt.missed)
             conn.executemany(
