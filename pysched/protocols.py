@@ -969,7 +969,13 @@ class IdempotencyClaims(Protocol):
         nothing; one held alive is looked at again when its lease ends."""
         ...
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None: ...
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
+        """End ``holder``'s claim of ``key``, succeeded (with ``result``) or
+        failed, if it still holds it. Whether the claim is ``holder``'s:
+        ended now, or already by an earlier call of it; False when another
+        execution took it over (its lease ran out), and nothing is written:
+        the run is that execution's to record."""
+        ...
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         """Keep ``state`` (JSON text) as the run's checkpoint, durably, if

@@ -330,7 +330,7 @@ class RedisCassandraClaims:
         self.run_leases.let_go_all_but({key for i, key in enumerate(keys) if i not in lost})
         return not_extended
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
         res = self.session.execute(
             self._complete, ("succeeded" if succeeded else "failed", result, now_ms, key, holder)
         )
@@ -340,11 +340,16 @@ class RedisCassandraClaims:
             # The outcome is written; the key goes at the next heartbeat.
             log.warning("could not delete the etcd key of %s, will retry: %s", key, exc)
         if not applied(res):
-            return  # no longer ours: whoever took over decides
+            # Ended by this holder already (a repeated call), or no longer
+            # ours: whoever took over decides.
+            # The refusal carries the row's holder, or only [applied] when
+            # there is no row.
+            return getattr(res.one(), "holder", None) == holder
         if succeeded:
             self._fast_path(f"mark {key} done", lambda: self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S))
         else:
             self._fast_path(f"let go of {key}", lambda: self.redis.delete(self._claim_key(key)))
+        return True
 
     def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
         row = self.session.execute(self._read, (key,)).one()

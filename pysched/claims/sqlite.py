@@ -83,12 +83,13 @@ class SQLiteClaims:
                 (partition, fence),
             )
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
         with self.db.transaction() as conn:
-            conn.execute(
+            cur = conn.execute(
                 "UPDATE claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ? AND holder = ?",
                 ("succeeded" if succeeded else "failed", result, now_ms, key, holder),
             )
+            return cur.rowcount > 0
 
     def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
         # Nothing to ask: the embedded store hands nothing back (a run sent
