@@ -504,7 +504,7 @@ def test_a_run_stopped_as_its_heartbeats_failed_is_handed_back_and_runs_again_as
     now = w.clock.now_ms()
     fences = w.leader.coordinator.poll("leader", now)
     (owed,) = w.leader.store.due_runs(fences, now + 60_000, now)
-    assert (owed.job_id, owed.attempt) == ("stops", 2)
+    assert owed.job_id == "stops" and owed.attempt > record.attempt
     record_sent(w.leader.store, [owed], fences, {}, now)
     w.leader.dispatcher.publish([owed.partition], [native.encode_batch([owed], fences[owed.partition], now)[0]])
     assert w.step()

@@ -1095,7 +1095,10 @@ class Executor:
                 continue
             why = execution.stop_reason or "its lease was lost"
             self.store.run_interrupted(record, f"interrupted: {why}", end.at_ms)
-            self.store.hand_back(record, end.at_ms, self.holder)
+            # As its next delivery: its leader, which may still lead under
+            # the fence it sent this one with, skips a row of a delivery it
+            # has sent already.
+            self.store.hand_back(record._replace(attempt=record.attempt + 1), end.at_ms, self.holder)
 
     def _log_ends(self, ended: list[tuple[Execution, Ended]], retry_at: dict[str, int | None]) -> None:
         for execution, end in ended:
