@@ -479,36 +479,50 @@ def failing_heartbeats(count: int) -> list[ScriptedFault]:
     return [ScriptedFault(FaultPoint("claims", "heartbeat", "before"), n) for n in range(1, count + 1)]
 
 
-def test_a_success_whose_heartbeats_failed_for_a_whole_lease_is_recorded_and_acknowledged() -> None:
-    w = World(*failing_heartbeats(3))
+def test_a_success_whose_recording_waited_past_a_lease_of_failed_heartbeats_is_recorded_and_acknowledged() -> None:
+    # The target succeeded; recording it failed (the store, or the claims,
+    # down a while) and so did every heartbeat for a whole lease. Nobody
+    # took the run over: the success is recorded, not dropped.
+    w = World(fault("claims", "complete"), *failing_heartbeats(3))
     (record,) = w.dispatch("job")
-    _while_running.append(heartbeats_until_the_lease_runs_out(w))
     assert w.step()
+    assert (w.states("job"), _runs) == (["running"], [record.idempotency_key])
+    for at_ms in (T0 + 10_000, T0 + 20_000, T0 + CONFIG.lease_ms):
+        w.advance_to(at_ms)
+        w.executor.heartbeat_step(at_ms)
     assert w.executor.counts["lease_lost"] == 1
-    # Nobody took it over: the claim is still its holder's, and the target
-    # returned a success; dropping it would leave the run running for good.
-    assert (w.states("job"), w.acked()) == (["succeeded"], 1)
+    retry_at = w.worker.retry_at_ms
+    assert retry_at is not None
+    w.advance_to(retry_at)
+    assert w.step()
+    assert (w.states("job"), w.acked(), _runs) == (["succeeded"], 1, [record.idempotency_key])
     assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "succeeded"
 
 
-def test_a_run_stopped_as_its_heartbeats_failed_is_handed_back_and_runs_again_as_its_next_attempt() -> None:
+@pytest.mark.parametrize("job_id", ["stops", "returns"])
+def test_a_run_stopped_as_its_heartbeats_failed_is_handed_back_and_runs_again_as_its_next_attempt(
+    job_id: str,
+) -> None:
+    # Whether its target raises when ctx.cancelled is set (stops) or returns
+    # (perhaps cut short), the return came after the stop: as at a node's
+    # stop, the run is not counted done.
     w = World(*failing_heartbeats(3))
-    (record,) = w.dispatch("stops")
+    (record,) = w.dispatch(job_id)
     _while_running.append(heartbeats_until_the_lease_runs_out(w))
     assert w.step()
     # Stopped by us, not failed: interrupted, its delivery acknowledged (on
     # Kafka an offset left unacknowledged holds back its partition's
     # commits), and owed to its leader again.
-    assert [(r.state, r.attempt) for r in w.leader.store.history("stops")] == [("interrupted", 1)]
+    assert [(r.state, r.attempt) for r in w.leader.store.history(job_id)] == [("interrupted", 1)]
     assert w.acked() == 1
     now = w.clock.now_ms()
     fences = w.leader.coordinator.poll("leader", now)
     (owed,) = w.leader.store.due_runs(fences, now + 60_000, now)
-    assert owed.job_id == "stops" and owed.attempt > record.attempt
+    assert owed.job_id == job_id and owed.attempt > record.attempt
     record_sent(w.leader.store, [owed], fences, {}, now)
     w.leader.dispatcher.publish([owed.partition], [native.encode_batch([owed], fences[owed.partition], now)[0]])
     assert w.step()
-    assert [(r.state, r.attempt) for r in w.leader.store.history("stops")] == [("succeeded", 2)]
+    assert [(r.state, r.attempt) for r in w.leader.store.history(job_id)] == [("succeeded", 2)]
     assert (w.acked(), _attempts) == (2, [1, 2])
     assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "succeeded"
 

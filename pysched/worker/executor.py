@@ -16,9 +16,11 @@ command's process group is signalled. A run whose job was cancelled is
 recorded cancelled. A run whose lease was lost may have been taken over, or
 not (etcd, Cassandra or the network failed the heartbeat for a while): once
 its target returns, its claim is ended under its holder, and only if that
-claim was still its holder's is anything recorded (``_write_lease_lost``):
-a success as a success, anything else as an interruption, handed back to
-its leader to be owed again as its next attempt. Either way its delivery is
+claim was still its holder's is anything recorded (``_write_ends``):
+an end reached before the stop as it ended (a success waiting to be
+recorded is not lost), and a return after it, as at a node's stop, as an
+interruption, handed back to its leader to be owed again as its next
+attempt. Either way its delivery is
 acknowledged: the run is in the store's hands again, or in the hands of
 the execution that took it over, whose own delivery it is.
 
@@ -159,6 +161,9 @@ class Execution:
     stop_reason: str | None = None
     lease_lost: bool = False
     taken_over: bool = False
+    # Its target returned after its lease was lost: handed back, whatever
+    # the return said (_set_ended).
+    cut_short: bool = False
     # Its hold on its job's running slot (overlap policy), while it has one.
     slot: SlotHold | None = None
     replaced: bool = False  # stopped because a newer run of its job replaced it
@@ -308,7 +313,7 @@ class Executor:
         SIGTERM to its shell command's process group (SIGKILL after
         ``kill_after_s``). A run whose lease was lost is no longer extended;
         how it ended is recorded only if its claim is still its holder's
-        (``_write_lease_lost``)."""
+        (``_write_ends``)."""
         with self._lock:
             if execution.stop_reason is not None:
                 return
@@ -478,7 +483,14 @@ class Executor:
             self.record_interrupted([execution], "the node stopped; it returned after ctx.cancelled was set")
             return
         with self._lock:
-            if ended.state in ("succeeded", "failed") and execution.stop_reason and not execution.lease_lost:
+            if execution.lease_lost:
+                # Stopped because its lease was lost: as at a node's stop,
+                # a return after ctx.cancelled may be cut short, whatever it
+                # says, so the run is handed back, to run again from its last
+                # checkpoint (_hand_back_cut_short). An end reached before
+                # the stop keeps what it was.
+                execution.cut_short = True
+            elif ended.state in ("succeeded", "failed") and execution.stop_reason:
                 # Stopped because its job was cancelled: whatever the target
                 # made of it, the run was cancelled.
                 ended = Ended("cancelled", f"cancelled: {execution.stop_reason}", ended.result, ended.at_ms)
@@ -1047,51 +1059,48 @@ class Executor:
     def _write_ends(self, ended: list[tuple[Execution, Ended]]) -> dict[str, int | None]:
         """The writes of ``_record``; each failure's retry time (None: a dead
         letter), by holder."""
-        lost = [(e, end) for e, end in ended if e.lease_lost]
-        ended = [(e, end) for e, end in ended if not e.lease_lost]
+        cut_short = [(e, end) for e, end in ended if e.cut_short]
+        ended = [(e, end) for e, end in ended if not e.cut_short]
         failures = {e.holder: self._failure_of(e, end) for e, end in ended if end.state == "failed"}
         retry_at = {holder: retry_due_ms for holder, (_, retry_due_ms) in failures.items()}
         with self.store.writes_together():
-            self._write_lease_lost(lost)
+            self._hand_back_cut_short(cut_short)
             for execution, end in ended:
                 # A missed run's claim is not a success: its redelivery would
                 # record it succeeded. Taken over, it finds the run missed. A
                 # parked run let go of its claim, for its next delivery.
                 succeeded = end.state not in ("failed", "missed", "parked")
                 key = execution.record.idempotency_key
-                self.claims.complete(key, execution.holder, succeeded, end.result, end.at_ms)
+                ours = self.claims.complete(key, execution.holder, succeeded, end.result, end.at_ms)
+                # Its lease lost, it learns here whether the run is still its
+                # own to record (see the module's docstring).
+                execution.taken_over = execution.lease_lost and not ours
             for execution, end in ended:
-                self._record_history(execution, end, failures.get(execution.holder))
+                if not execution.taken_over:
+                    self._record_history(execution, end, failures.get(execution.holder))
         if self.dead_letters is not None:
             # Once the store has them.
             for execution, end in ended:
-                if end.state == "failed" and retry_at.get(execution.holder) is None:
+                if end.state == "failed" and retry_at.get(execution.holder) is None and not execution.taken_over:
                     self._announce_dead_letter(execution.record)
         with self._lock:
-            for execution, _ in [*lost, *ended]:
+            for execution, _ in [*cut_short, *ended]:
                 execution.recorded = True
         return retry_at
 
-    def _write_lease_lost(self, ended: list[tuple[Execution, Ended]]) -> None:
-        """Record the ends of runs whose lease was lost, under their claims:
-        nothing of one whose claim another execution took over (that one
-        records the run). A success is recorded as one: the target's effect
-        is done. Anything else was our stop's doing, or came after it: the
-        run is recorded interrupted and handed back to its leader, owed
-        again at once as its next attempt (on the embedded engine an
-        interrupted run is owed by its state). The claim first, as in
-        ``_record``: once it is ended a taker no longer waits out its lease.
-        """
+    def _hand_back_cut_short(self, ended: list[tuple[Execution, Ended]]) -> None:
+        """The runs whose targets returned after their lease was lost, each
+        under its claim: nothing of one whose claim another execution took
+        over (that one records the run); else the run is recorded
+        interrupted and handed back to its leader, owed again at once as its
+        next attempt (on the embedded engine an interrupted run is owed by
+        its state). The claim first, as in ``_record``: once it is ended a
+        taker no longer waits out its lease."""
         for execution, end in ended:
             record = execution.record
-            succeeded = end.state == "succeeded"
-            result = end.result if succeeded else None
-            ours = self.claims.complete(record.idempotency_key, execution.holder, succeeded, result, end.at_ms)
+            ours = self.claims.complete(record.idempotency_key, execution.holder, False, None, end.at_ms)
             execution.taken_over = not ours
             if not ours:
-                continue
-            if succeeded:
-                self.store.run_finished(record, "succeeded", None, end.result, end.at_ms)
                 continue
             why = execution.stop_reason or "its lease was lost"
             self.store.run_interrupted(record, f"interrupted: {why}", end.at_ms)
@@ -1107,7 +1116,7 @@ class Executor:
                 run_at_ms = execution.record.run_at_ms
                 log.info("dropped the end of %s run_at=%d: its claim was taken over", job_id, run_at_ms)
                 continue
-            if execution.lease_lost and end.state != "succeeded":
+            if execution.cut_short:
                 self.count("interrupted")
                 self.observer.ended("interrupted")
                 log.warning(
