@@ -182,3 +182,17 @@ def test_with_redis_down_an_outcome_is_recorded(cluster_on_own_redis: Backends, 
     done = claims.claim(run(1, 5), "w2", 2_000, LEASE_MS)
     assert (done.outcome, done.result) == (ClaimOutcome.SUCCEEDED, "ok")
     assert claims.claim(run(2, 5), "w2", 2_000, LEASE_MS).outcome is ClaimOutcome.TAKEN_OVER
+
+
+def test_complete_says_whether_the_claim_was_still_the_holders(cluster: Backends) -> None:
+    claims: Any = cluster.claims
+    claims.raise_fence(PARTITION, 5)
+    key = run(1, 5).idempotency_key
+    assert claims.claim(run(1, 5), "w1", 0, LEASE_MS).outcome is ClaimOutcome.CLAIMED
+    # Its first lease over and never moved into etcd: another takes it over.
+    assert claims.claim(run(1, 5), "w2", 2 * LEASE_MS, LEASE_MS).outcome is ClaimOutcome.TAKEN_OVER
+    assert not claims.complete(key, "w1", True, "late", 2 * LEASE_MS)
+    assert claims.complete(key, "w2", False, None, 2 * LEASE_MS)
+    # Repeated (an attempt whose answer was lost): still its own.
+    assert claims.complete(key, "w2", False, None, 2 * LEASE_MS)
+    assert not claims.complete(run(9, 5).idempotency_key, "w1", True, None, 2 * LEASE_MS)
