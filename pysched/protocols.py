@@ -1115,7 +1115,7 @@ class IdempotencyClaims(Protocol):
         is a delivery of its own), and its failure reaches the history."""
         ...
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
         """End ``holder``'s running claim of ``key`` (a claim no longer its
         does not change). Succeeded: ``result`` is replayed to every later
         delivery. Not succeeded, with ``result`` (a ClaimedFailure's JSON):
@@ -1124,7 +1124,11 @@ class IdempotencyClaims(Protocol):
         retry, a redrive, a run handed on again) takes it over. Not
         succeeded, without: let go of, with no outcome (an interruption, a
         run parked or missed), and any delivery takes it over at once (Kafka
-        delivers an unacknowledged record again as the same delivery)."""
+        delivers an unacknowledged record again as the same delivery).
+        Whether the claim is ``holder``'s: ended now, or already by an
+        earlier call of it; False when another execution took it over (its
+        lease ran out), and nothing is written: the run is that execution's
+        to record."""
         ...
 
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:

@@ -7,7 +7,7 @@ on a clock of their own, which stands still unless a test moves it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,8 @@ from pysched.protocols import (
     ScheduleStore,
 )
 from pysched.records import DispatchRecord
+from pysched.targets import RunContext
+from pysched.worker import Executor, WorkerConfig
 from tests.conftest import cluster_config_for
 
 # "Now" for each test: the next whole minute, so that stores whose watermarks
@@ -386,6 +388,43 @@ def test_a_run_whose_start_was_recorded_by_the_worker_then_fenced_reaches_the_ne
     assert [r.job_id for r in store.due_runs(every(2), T0 + 90_000, T0 + 31_300)] == ["o"]
     # Started by another worker: that one runs it, and nothing is handed back.
     assert not store.hand_back(delivered, T0 + 31_400, started_by="w9")
+
+
+# What the python target below does while it runs.
+_while_running: list[Callable[[], None]] = []
+
+
+def stopped_while_running(ctx: RunContext) -> None:
+    while _while_running:
+        _while_running.pop(0)()
+    if ctx.cancelled.is_set():
+        raise RuntimeError("stopped: ctx.cancelled was set")
+
+
+def test_a_run_stopped_as_its_lease_ran_out_unrenewed_is_owed_again_at_once(backend: Backend) -> None:
+    # Hole C1: the heartbeat failed for a whole lease (etcd, Cassandra or
+    # the network down a while), nobody took the run over, and its worker
+    # stopped it. Dropped, it stayed running, owed by nothing on the
+    # cluster; handed back, its leader owes it again at once, not once its
+    # claim's lease has run out.
+    store = backend.store
+    job = Job.model_validate(
+        {
+            "id": "o",
+            "schedule": {"kind": "once", "run_at_ms": T0 + 100},
+            "target": {"kind": "python", "ref": f"{__name__}:stopped_while_running"},
+        }
+    )
+    store.add_job(job, 0, 0, PlannedRun(T0 + 100, T0 + 100), T0)
+    (sent,), _ = dispatch(backend, T0 + 60_000, 1, T0 + 30_000)
+    executor = Executor(backend.claims, store, ManualClock(T0 + 30_000), "w1", WorkerConfig(lease_ms=30_000))
+    execution = executor.new_execution(record(sent, 1))
+    _while_running.append(lambda: executor.stop(execution, "its lease ran out", lease_lost=True))
+    assert executor.attempt([execution]) == [ClaimOutcome.CLAIMED]
+    (run,) = store.history("o")
+    assert (run.state, run.attempt) == ("interrupted", 1)
+    owed = store.due_runs(every(1), T0 + 90_000, T0 + 32_000)
+    assert [(r.job_id, r.attempt) for r in owed] == [("o", 2)]
 
 
 def test_a_run_handed_back_ahead_of_the_watermark_is_read_once(backend: Backend) -> None:

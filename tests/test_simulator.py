@@ -129,6 +129,13 @@ def history_outage_world(seed: int) -> SimConfig:
 FOUND += [history_outage_world(seed) for seed in (2, 4)]
 
 
+# Cassandra out of a node's reach past a worker's lease: an execution that
+# had claimed its run and was waiting out the backoff of a failed write saw
+# its heartbeats fail for a whole lease, and was dropped, its delivery left
+# unacknowledged and its claim unended: nothing owed the run again.
+FOUND += [SimConfig(seed, jobs=100, hours=0.25, fault_count=6, faults=frozenset({"cassandra"})) for seed in (1, 2)]
+
+
 @pytest.mark.parametrize("config", FOUND, ids=lambda c: f"seed-{c.seed}")
 def test_a_world_that_once_broke_an_invariant_now_holds(config: SimConfig) -> None:
     report = simulate(config)
@@ -260,11 +267,14 @@ CATCH_UP_RATE = 20
 
 
 def cluster_outage_world(seed: int) -> SimConfig:
+    # Its faults pinned, as the worlds kept as found: some of these seeds
+    # are (see below).
     return SimConfig(
         seed,
         jobs=100,
         hours=2.5,
         fault_count=4,
+        faults=PINNED_FAULTS,
         catch_up=True,
         catch_up_rate=CATCH_UP_RATE,
         cluster_outage=CLUSTER_OUTAGE,

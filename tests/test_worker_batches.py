@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -22,6 +23,8 @@ from pysched.node import Backends
 from pysched.registry import register
 from pysched.targets import RunContext
 from pysched.worker import DeliveryWorker, Executor, WorkerConfig
+
+T = TypeVar("T")
 
 CONFIG = WorkerConfig(concurrency=1, batch=4, retry_base_s=0.01, retry_max_s=0.05)
 
@@ -94,16 +97,16 @@ def _worker(backends: Backends, dispatcher: InProcessDispatcher, executor: Execu
     return DeliveryWorker(dispatcher.consumer(), executor, random.Random(3), CONFIG.batch)
 
 
-def _times_out_on_call(n: int, real: Callable[..., None]) -> Callable[..., None]:
+def _times_out_on_call(n: int, real: Callable[..., T]) -> Callable[..., T]:
     """``real``, whose ``n``-th call (from 1) times out instead."""
     calls = 0
 
-    def wrapped(*args: object, **kwargs: object) -> None:
+    def wrapped(*args: object, **kwargs: object) -> T:
         nonlocal calls
         calls += 1
         if calls == n:
             raise TimeoutError("the store timed out")
-        real(*args, **kwargs)
+        return real(*args, **kwargs)
 
     return wrapped
 

@@ -140,9 +140,9 @@ class _TimesOutOnce:
     def raise_fence(self, partition: int, fence: int) -> None:
         self._claims.raise_fence(partition, fence)
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
         self._maybe_fail("complete")
-        self._claims.complete(key, holder, succeeded, result, now_ms)
+        return self._claims.complete(key, holder, succeeded, result, now_ms)
 
     def failed_claim(self, key: str) -> FailedClaim | None:
         return self._claims.failed_claim(key)
@@ -259,11 +259,12 @@ class _MemoryClaims:
                 return None
             return ClaimHolder(current[1], 0, current[2] if current[2] > now_ms else None)
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
         with self._lock:
             current = self._claims.get(key)
             if current is not None and current[:2] == ("running", holder):
                 self._claims[key] = ("succeeded" if succeeded else "failed", holder, current[2], result)
+            return current is not None and current[1] == holder
 
     def failed_claim(self, key: str) -> FailedClaim | None:
         return None  # its failures keep nothing to record

@@ -42,6 +42,8 @@ def count_run(ctx: RunContext) -> None:
         _release.wait(30)
     while _while_running:
         _while_running.pop(0)()
+    if ctx.job_id.startswith("stops") and ctx.cancelled.is_set():
+        raise RuntimeError("stopped: ctx.cancelled was set")
 
 
 # What a run of a job named held* waits for before it returns.
@@ -461,3 +463,85 @@ def test_a_write_that_fails_while_a_run_of_its_batch_runs_never_has_that_run_cal
     executor.attempt(executions)
     assert sorted(_runs) == sorted([short.idempotency_key, held.idempotency_key])
     assert (w.states("short"), w.states("held")) == (["succeeded"], ["succeeded"])
+
+
+def heartbeats_until_the_lease_runs_out(w: World) -> Callable[[], None]:
+    """While the target runs: heartbeats at 10, 20 and 30 s, the last a
+    whole lease after the claim."""
+
+    def beat() -> None:
+        for at_ms in (T0 + 10_000, T0 + 20_000, T0 + CONFIG.lease_ms):
+            w.advance_to(at_ms)
+            w.executor.heartbeat_step(at_ms)
+
+    return beat
+
+
+def failing_heartbeats(count: int) -> list[ScriptedFault]:
+    return [ScriptedFault(FaultPoint("claims", "heartbeat", "before"), n) for n in range(1, count + 1)]
+
+
+def test_a_success_whose_recording_waited_past_a_lease_of_failed_heartbeats_is_recorded_and_acknowledged() -> None:
+    # The target succeeded; recording it failed (the store, or the claims,
+    # down a while) and so did every heartbeat for a whole lease. Nobody
+    # took the run over: the success is recorded, not dropped.
+    w = World(fault("claims", "complete"), *failing_heartbeats(3))
+    (record,) = w.dispatch("job")
+    assert w.step()
+    assert (w.states("job"), _runs) == (["running"], [record.idempotency_key])
+    for at_ms in (T0 + 10_000, T0 + 20_000, T0 + CONFIG.lease_ms):
+        w.advance_to(at_ms)
+        w.executor.heartbeat_step(at_ms)
+    assert w.executor.counts["lease_lost"] == 1
+    retry_at = w.worker.retry_at_ms
+    assert retry_at is not None
+    w.advance_to(retry_at)
+    assert w.step()
+    assert (w.states("job"), w.acked(), _runs) == (["succeeded"], 1, [record.idempotency_key])
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "succeeded"
+
+
+@pytest.mark.parametrize("job_id", ["stops", "returns"])
+def test_a_run_stopped_as_its_heartbeats_failed_is_handed_back_and_runs_again_as_its_next_attempt(
+    job_id: str,
+) -> None:
+    # Whether its target raises when ctx.cancelled is set (stops) or returns
+    # (perhaps cut short), the return came after the stop: as at a node's
+    # stop, the run is not counted done.
+    w = World(*failing_heartbeats(3))
+    (record,) = w.dispatch(job_id)
+    _while_running.append(heartbeats_until_the_lease_runs_out(w))
+    assert w.step()
+    # Stopped by us, not failed: interrupted, its delivery acknowledged (on
+    # Kafka an offset left unacknowledged holds back its partition's
+    # commits), and owed to its leader again.
+    assert [(r.state, r.attempt) for r in w.leader.store.history(job_id)] == [("interrupted", 1)]
+    assert w.acked() == 1
+    now = w.clock.now_ms()
+    fences = w.leader.coordinator.poll("leader", now)
+    (owed,) = w.leader.store.due_runs(fences, now + 60_000, now)
+    assert owed.job_id == job_id and owed.attempt > record.attempt
+    record_sent(w.leader.store, [owed], fences, {}, now)
+    w.leader.dispatcher.publish([owed.partition], [native.encode_batch([owed], fences[owed.partition], now)[0]])
+    assert w.step()
+    assert [(r.state, r.attempt) for r in w.leader.store.history(job_id)] == [("succeeded", 2)]
+    assert (w.acked(), _attempts) == (2, [1, 2])
+    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "succeeded"
+
+
+def test_a_run_taken_over_after_its_lease_ran_out_is_recorded_by_its_taker_only() -> None:
+    w = World(*failing_heartbeats(3))
+    (record,) = w.dispatch("job")
+    beat = heartbeats_until_the_lease_runs_out(w)
+
+    def taken_over_meanwhile() -> None:
+        beat()
+        claim = w.leader.claims.claim(record, "node-2/1", w.clock.now_ms(), CONFIG.lease_ms)
+        assert claim.outcome is ClaimOutcome.TAKEN_OVER
+
+    _while_running.append(taken_over_meanwhile)
+    assert w.step()
+    # The run is the taker's to record; this delivery is dealt with.
+    assert (w.states("job"), w.acked()) == (["running"], 1)
+    row = w.cluster.claims.claim_rows()[record.idempotency_key]
+    assert (row.holder, row.state) == ("node-2/1", "running")

@@ -41,11 +41,23 @@ after the seeding began.
 
 So a claim reads Cassandra for its fence only when Redis cannot vouch for
 the floor: once per partition after a loss (per worker that meets it first),
-not per run. Not covered: Redis coming back with an *older* copy of its
-data (a restore of an old snapshot, a failover to a lagging replica) keeps
-floors that look verified but are behind; the claim's idempotency key still
-holds the effect to one, as it does for a dispatch in flight while a fence
-is raised.
+not per run.
+
+Redis down. Nothing Redis holds is needed to decide: a claim whose Redis
+call fails decides as one Redis holds no floor for (the durable floor, then
+the claim LWT), without a marker; a heartbeat whose Redis write fails has
+still moved its runs into etcd, which is what keeps a taker out; a hint a
+claim or an outcome leaves for the fast path is only a hint. So a Redis
+outage makes claims slower (a Cassandra read and an LWT each) and stops no
+run; a claim key it failed to write or delete is at worst a stale hint,
+which the Cassandra row and the etcd key overrule (a stale "held" makes a
+claim wait at most until the lease it names ends). ``raise_fence`` still
+needs Redis (see the method).
+
+Not covered: Redis coming back with an *older* copy of its data (a restore
+of an old snapshot, a failover to a lagging replica) keeps floors that look
+verified but are behind; the claim's idempotency key still holds the effect
+to one, as it does for a dispatch in flight while a fence is raised.
 """
 
 from __future__ import annotations
@@ -53,8 +65,8 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import redis
 from cassandra.cluster import Session
@@ -135,6 +147,8 @@ def ensure_fence_table(session: Session, keyspace: str) -> None:
 DONE_TTL_S = 7 * 86_400
 log = logging.getLogger("pysched.claims")
 
+_Reply = TypeVar("_Reply")
+
 
 class RedisCassandraClaims:
     def __init__(
@@ -191,12 +205,28 @@ class RedisCassandraClaims:
     def _claim_key(self, key: str) -> str:
         return f"{self.prefix}:claim:{key}"
 
+    def _fast_path(self, what: str, call: Callable[[], _Reply]) -> _Reply | None:
+        """``call``'s reply, or None when Redis failed: the caller goes on
+        without the fast path (see the module's docstring)."""
+        try:
+            return call()
+        except redis.RedisError as exc:
+            log.warning("redis failed to %s, going on without it: %s", what, exc)
+            return None
+
     def claim(self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int) -> Claim:
         key = record.idempotency_key
-        reply = self._claim_script(
-            keys=[self._floor_key(record.partition), self._claim_key(key)],
-            args=[record.fence, holder, 2 * lease_ms, now_ms, now_ms + lease_ms, self._new_epoch()],
+        reply = self._fast_path(
+            f"claim {key}",
+            lambda: self._claim_script(
+                keys=[self._floor_key(record.partition), self._claim_key(key)],
+                args=[record.fence, holder, 2 * lease_ms, now_ms, now_ms + lease_ms, self._new_epoch()],
+            ),
         )
+        if reply is None:
+            # As if Redis held no floor, with no marker to verify: every
+            # raise that returned is in the durable floor already.
+            return self._claim_on_durable_floor(record, holder, now_ms, lease_ms, 0, None)
         fast = _text(reply[0])
         floor = int(reply[1])
         if fast == "unknown":
@@ -217,15 +247,21 @@ class RedisCassandraClaims:
         return self._contend(res.one(), record, holder, now_ms, lease_ms, floor)
 
     def _claim_on_durable_floor(
-        self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int, fast_floor: int, epoch: str
+        self, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int, fast_floor: int, epoch: str | None
     ) -> Claim:
         """Redis cannot vouch for the partition's floor: Cassandra's decides,
         read after Redis's marker was left (what makes it fit to verify the
-        marker with). ``fast_floor`` holds only raised fences, so it counts
-        too. No Redis claim is taken: Cassandra's LWT decides alone."""
+        marker with; ``epoch`` None: no marker, Redis failed). ``fast_floor``
+        holds only raised fences, so it counts too. No Redis claim is taken:
+        Cassandra's LWT decides alone."""
         row = self.session.execute(self._read_floor, (record.partition,)).one()
         durable = 0 if row is None else int(row.fence)
-        self._verify_script(keys=[self._floor_key(record.partition)], args=[durable, epoch])
+        if epoch is not None:
+            marker = self._floor_key(record.partition)
+            self._fast_path(
+                f"verify the floor of partition {record.partition}",
+                lambda: self._verify_script(keys=[marker], args=[durable, epoch]),
+            )
         floor = max(fast_floor, durable)
         if record.fence < floor:
             return Claim(ClaimOutcome.FENCED, fence_floor=floor)
@@ -244,12 +280,13 @@ class RedisCassandraClaims:
     def _contend(self, row: Any, record: DispatchRecord, holder: str, now_ms: int, lease_ms: int, floor: int) -> Claim:
         key = record.idempotency_key
         if row.state == "succeeded":
-            self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S)
+            self._fast_path(f"mark {key} done", lambda: self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S))
             return Claim(ClaimOutcome.SUCCEEDED, result=row.result, fence_floor=floor)
         if row.state == "running" and row.holder != holder and row.lease_expires_ms > now_ms:
             # Within the lease its claim began with: its worker has not
             # needed etcd yet (see heartbeat). Tell the fast path who holds it.
-            self.redis.set(self._claim_key(key), f"{row.holder}|{row.lease_expires_ms}", px=2 * lease_ms)
+            hint = f"{row.holder}|{row.lease_expires_ms}"
+            self._fast_path(f"mark {key} held", lambda: self.redis.set(self._claim_key(key), hint, px=2 * lease_ms))
             return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=int(row.lease_expires_ms))
         delivery = int(row.delivery or 0)
         if row.state == "failed" and record.attempt <= delivery:
@@ -295,7 +332,9 @@ class RedisCassandraClaims:
         row carries the lease it began with; a run still going at a
         heartbeat moves into etcd (its key taken, then the row checked to be
         still its holder's, once), and its row is not written again: a
-        six-hour run costs one key, not a conditional write every 10 s."""
+        six-hour run costs one key, not a conditional write every 10 s.
+        Redis's copy of each claim is only a hint: a failure to write it
+        extends nothing less."""
         self.run_leases.renew(_ttl_s(lease_ms))
         not_extended: list[int] = []
         pipe = self.redis.pipeline(transaction=False)
@@ -313,12 +352,12 @@ class RedisCassandraClaims:
                 pipe.set(self._claim_key(key), f"{holder}|{now_ms + lease_ms}", px=2 * lease_ms)
             else:
                 not_extended.append(i)
-        pipe.execute()
+        self._fast_path(f"renew {len(keys) - len(not_extended)} claims", pipe.execute)
         lost = set(not_extended)
         self.run_leases.let_go_all_but({key for i, key in enumerate(keys) if i not in lost})
         return not_extended
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
         res = self.session.execute(self._complete, (completed_state(succeeded, result), result, now_ms, key, holder))
         try:
             self.run_leases.let_go([key])
@@ -326,11 +365,16 @@ class RedisCassandraClaims:
             # The outcome is written; the key goes at the next heartbeat.
             log.warning("could not delete the etcd key of %s, will retry: %s", key, exc)
         if not applied(res):
-            return  # no longer ours: whoever took over decides
+            # Ended by this holder already (a repeated call), or no longer
+            # ours: whoever took over decides.
+            # The refusal carries the row's holder, or only [applied] when
+            # there is no row.
+            return getattr(res.one(), "holder", None) == holder
         if succeeded:
-            self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S)
+            self._fast_path(f"mark {key} done", lambda: self.redis.set(self._claim_key(key), "!done", ex=DONE_TTL_S))
         else:
-            self.redis.delete(self._claim_key(key))
+            self._fast_path(f"let go of {key}", lambda: self.redis.delete(self._claim_key(key)))
+        return True
 
     def failed_claim(self, key: str) -> FailedClaim | None:
         row = self.session.execute(self._read, (key,)).one()
@@ -360,6 +404,8 @@ class RedisCassandraClaims:
     def raise_fence(self, partition: int, fence: int) -> None:
         # Cassandra first: a verified Redis floor relies on every raise that
         # reached Redis being durable already (see the module's docstring).
+        # A failed Redis step still raises: a Redis this process cannot
+        # reach may be up for others, its floor verified and now behind.
         self.session.execute(self._record_fence, (partition, fence))
         self._raise_script(keys=[self._floor_key(partition)], args=[fence])
 

@@ -88,12 +88,13 @@ class SQLiteClaims:
                 (partition, fence),
             )
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
         with self.db.transaction() as conn:
-            conn.execute(
+            cur = conn.execute(
                 "UPDATE claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ? AND holder = ?",
                 (completed_state(succeeded, result), result, now_ms, key, holder),
             )
+            return cur.rowcount > 0
 
     def failed_claim(self, key: str) -> FailedClaim | None:
         row = (

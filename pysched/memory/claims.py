@@ -163,14 +163,17 @@ class MemoryClaims:
             if partition in t.floors:
                 t.floors[partition] = max(t.floors[partition], fence)
 
-    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> None:
+    def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
         t = self.tables
         with self._op("complete"):
             row = t.rows.get(key)
-            if row is None or row.holder != holder or row.state != "running":
-                return  # no longer ours: whoever took over decides
+            if row is None or row.holder != holder:
+                return False  # no longer ours: whoever took over decides
+            if row.state != "running":
+                return True  # ended by this holder already
             state = completed_state(succeeded, result)
             t.rows[key] = replace_row(row, state=state, result=result, updated_at_ms=now_ms)
+            return True
 
     def failed_claim(self, key: str) -> FailedClaim | None:
         with self._op("failed_claim"):

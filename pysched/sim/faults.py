@@ -16,6 +16,9 @@ Kinds, as named on the command line:
   dispatcher's group moves its partitions;
 - ``redis``: the claims' fast path (Redis) loses everything it held; the
   durable fence floors and claims (Cassandra) stay;
+- ``cassandra``: Cassandra out of the node's reach, or too slow: its store
+  and claims calls both fail, most of them, for up to a minute, past a
+  worker's lease (its heartbeats fail with its writes);
 - ``skew``: the nodes' clocks differ by up to ``MAX_SKEW_MS`` (for the whole
   run).
 
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 
 from pysched.memory.faults import Phase, SimulatedFault
 
-KINDS = ("crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "redis", "skew")
+KINDS = ("crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "redis", "cassandra", "skew")
 MAX_SKEW_MS = 500
 # What the history outage refuses: the store's writes of how a run ended.
 RUN_END_WRITES = frozenset({"run_failed", "run_parked", "run_finished", "run_missed"})
@@ -113,10 +116,17 @@ def plan_faults(
             "claims": rng.randrange(1_000, 30_000),
             "rebalance": 0,
             "redis": 0,
+            # Drawn apart: a draw in this dict is made whatever the kind,
+            # and one more would change every world drawn before it.
+            "cassandra": 0,
         }[kind]
+        if kind == "cassandra":
+            duration = rng.randrange(20_000, 60_000)
         if at + duration >= quiet_from:
             continue
         rate = rng.choice((0.05, 0.2, 0.5)) if kind in ("store", "claims") else 1.0
+        if kind == "cassandra":
+            rate = rng.choice((0.5, 0.8, 1.0))
         if blackout_ms is not None and at < blackout_ms[1] and at + duration + 1_000 > blackout_ms[0]:
             continue
         events.append(FaultEvent(kind, node, at, duration, rate))
@@ -127,7 +137,14 @@ def plan_faults(
     return FaultPlan(tuple(events), skews, quiet_from, blackout_ms)
 
 
-_ROLE_OF = {"coordinator": "coordinator", "publish": "dispatcher", "store": "store", "claims": "claims"}
+# The roles whose calls each call fault fails.
+_ROLES_OF = {
+    "coordinator": ("coordinator",),
+    "publish": ("dispatcher",),
+    "store": ("store",),
+    "claims": ("claims",),
+    "cassandra": ("store", "claims"),
+}
 
 
 class NodeFaults:
@@ -162,7 +179,7 @@ class NodeFaults:
         if not self._active or (role == "dispatcher" and op != "publish"):
             return  # nothing failing now (no draw either); consumers fail by ``rebalance``
         with self._lock:
-            rates = [e.rate for e in self._active if _ROLE_OF.get(e.kind) == role]
+            rates = [e.rate for e in self._active if role in _ROLES_OF.get(e.kind, ())]
         if rates and self._rng.random() < max(rates):
             self.injected += 1
             raise SimulatedFault(f"injected fault: {role}.{op} ({phase})")

@@ -12,9 +12,17 @@ out, and the run is handed on again.
 A run is stopped when its execution's lease is lost (the heartbeat finds
 its claim taken over, or could not renew it within the lease) or its job is
 cancelled (``heartbeat_step``): its ``ctx.cancelled`` is set, and its shell
-command's process group is signalled. A run whose lease was lost belongs to
-the execution that took it over: this one records nothing of it, and lets
-its delivery go. A run whose job was cancelled is recorded cancelled.
+command's process group is signalled. A run whose job was cancelled is
+recorded cancelled. A run whose lease was lost may have been taken over, or
+not (etcd, Cassandra or the network failed the heartbeat for a while): once
+its target returns, its claim is ended under its holder, and only if that
+claim was still its holder's is anything recorded (``_write_ends``):
+an end reached before the stop as it ended (a success waiting to be
+recorded is not lost), and a return after it, as at a node's stop, as an
+interruption, handed back to its leader to be owed again as its next
+attempt. Either way its delivery is
+acknowledged: the run is in the store's hands again, or in the hands of
+the execution that took it over, whose own delivery it is.
 
 When its node stops past the grace period, the executor interrupts the
 executions whose runs have not ended (``interrupt``, then, once their shell
@@ -156,10 +164,15 @@ class Execution:
     # unless renewed, if the claim said.
     busy_until_ms: int | None = None
     # Set to stop its run (the target's ctx.cancelled), and why; lease_lost:
-    # the run is another execution's now.
+    # the heartbeat no longer extends its claim, which another execution
+    # may have taken over (then taken_over, once its end finds so).
     cancelled: threading.Event = field(default_factory=threading.Event)
     stop_reason: str | None = None
     lease_lost: bool = False
+    taken_over: bool = False
+    # Its target returned after its lease was lost: handed back, whatever
+    # the return said (_set_ended).
+    cut_short: bool = False
     # Its hold on its job's running slot (overlap policy), while it has one.
     slot: SlotHold | None = None
     replaced: bool = False  # stopped because a newer run of its job replaced it
@@ -307,15 +320,15 @@ class Executor:
     def stop(self, execution: Execution, why: str, lease_lost: bool = False) -> None:
         """Stop ``execution``'s run: ``ctx.cancelled`` for a Python target,
         SIGTERM to its shell command's process group (SIGKILL after
-        ``kill_after_s``). A run whose lease was lost is dropped as an
-        interrupted one is (nothing recorded, its delivery let go): it is the
-        execution that took it over's to record."""
+        ``kill_after_s``). A run whose lease was lost is no longer extended;
+        how it ended is recorded only if its claim is still its holder's
+        (``_write_ends``)."""
         with self._lock:
             if execution.stop_reason is not None:
                 return
             execution.stop_reason = why
             if lease_lost:
-                execution.lease_lost = execution.interrupted = True
+                execution.lease_lost = True
         execution.cancelled.set()
         self.count("lease_lost" if lease_lost else "stopped")
         record = execution.record
@@ -366,6 +379,7 @@ class Executor:
         what a claims or store call raised: the attempt is to be repeated,
         whole."""
         outcomes = [ClaimOutcome.CLAIMED] * len(executions)
+        self._claim_again(executions)
         fresh = [i for i, e in enumerate(executions) if e.ended is None and not e.interrupted]
         for i, outcome in zip(fresh, self._claim([executions[i] for i in fresh]), strict=True):
             outcomes[i] = outcome
@@ -407,6 +421,18 @@ class Executor:
             raise
         self._record(ready)
         return outcomes
+
+    def _claim_again(self, executions: Sequence[Execution]) -> None:
+        """An execution whose lease was lost before its target was called (an
+        attempt that failed and waited out its backoff, unrenewed) claims its
+        run again, as a fresh one: its claim says whether it is still its
+        holder's. Its stop was for a target it never called."""
+        with self._lock:
+            for execution in executions:
+                if execution.lease_lost and execution.ended is None and execution.started_at_ms is None:
+                    execution.lease_lost = False
+                    execution.stop_reason = None
+                    execution.cancelled = threading.Event()
 
     def _stopped_here(self, execution: Execution) -> bool:
         """Whether the run was stopped by this node (its job cancelled, its
@@ -453,8 +479,8 @@ class Executor:
         with self._lock:
             if execution.interrupted:
                 # Recorded interrupted, and perhaps already delivered again
-                # (or taken over: its lease was lost): this outcome came too
-                # late to count.
+                # (or dropped at a stop after its lease was lost): this
+                # outcome came too late to count.
                 return
             outlived_stop = execution.outlived_stop
             if outlived_stop:
@@ -466,7 +492,14 @@ class Executor:
             self.record_interrupted([execution], "the node stopped; it returned after ctx.cancelled was set")
             return
         with self._lock:
-            if ended.state in ("succeeded", "failed") and execution.stop_reason:
+            if execution.lease_lost:
+                # Stopped because its lease was lost: as at a node's stop,
+                # a return after ctx.cancelled may be cut short, whatever it
+                # says, so the run is handed back, to run again from its last
+                # checkpoint (_hand_back_cut_short). An end reached before
+                # the stop keeps what it was.
+                execution.cut_short = True
+            elif ended.state in ("succeeded", "failed") and execution.stop_reason:
                 # Stopped because its job was cancelled: whatever the target
                 # made of it, the run was cancelled.
                 ended = Ended("cancelled", f"cancelled: {execution.stop_reason}", ended.result, ended.at_ms)
@@ -510,8 +543,12 @@ class Executor:
             if execution.interrupted:
                 self._interrupted_before_start(execution, by_interrupt)
                 continue
-            # A batch's later run: what happened while it waited.
-            instead = (self._waited_in_vain(execution) or self._admit(execution)) if position > 0 else None
+            # A batch's later run: what happened while it waited. A first one
+            # whose lease was lost already is not called either.
+            if position > 0:
+                instead = self._waited_in_vain(execution) or self._admit(execution)
+            else:
+                instead = self._waited_in_vain(execution) if execution.lease_lost else None
             if instead is not None:
                 self._set_ended(execution, instead)
                 continue
@@ -561,6 +598,12 @@ class Executor:
         with self._lock:
             self.interrupting.set()
             unended = [e for e in self._running.values() if e.ended is None and not e.interrupted]
+            for execution in unended:
+                if execution.lease_lost:
+                    # Its claim may be another's: dropped unrecorded, its
+                    # delivery let go of (delivered again after the stop).
+                    execution.interrupted = True
+            unended = [e for e in unended if not e.lease_lost]
             in_thread = [e for e in unended if e.started_at_ms is not None and e.job and runs_in_thread(e.job)]
             going_on = [] if process_exits else in_thread
             marked = [e for e in unended if e not in going_on]
@@ -1095,12 +1138,15 @@ class Executor:
     def _write_ends(self, ended: list[tuple[Execution, Ended]]) -> dict[str, int | None]:
         """The writes of ``_record``; each failure's retry time (None: a dead
         letter), by holder."""
+        cut_short = [(e, end) for e, end in ended if e.cut_short]
+        ended = [(e, end) for e, end in ended if not e.cut_short]
         for execution, end in ended:
             if end.state == "failed" and execution.failure is None:
                 execution.failure = self._failure_of(execution, end)
         failures = {e.holder: e.failure for e, _ in ended if e.failure is not None}
         retry_at = {holder: retry_due_ms for holder, (_, retry_due_ms) in failures.items()}
         with self.store.writes_together():
+            self._hand_back_cut_short(cut_short)
             for execution, end in ended:
                 # A missed run's claim is not a success: its redelivery would
                 # record it succeeded. Taken over, it finds the run missed. A
@@ -1116,25 +1162,65 @@ class Executor:
                 elif end.state in ("missed", "parked"):
                     result = None
                 succeeded = end.state not in ("failed", "missed", "parked")
-                self.claims.complete(record.idempotency_key, execution.holder, succeeded, result, end.at_ms)
+                ours = self.claims.complete(record.idempotency_key, execution.holder, succeeded, result, end.at_ms)
+                # Its lease lost, it learns here whether the run is still its
+                # own to record (see the module's docstring).
+                execution.taken_over = execution.lease_lost and not ours
             for execution, end in ended:
-                self._record_history(execution, end, failures.get(execution.holder))
+                if not execution.taken_over:
+                    self._record_history(execution, end, failures.get(execution.holder))
         if self.dead_letters is not None:
             # Once the store has them.
             for execution, end in ended:
-                if end.state == "failed" and retry_at.get(execution.holder) is None:
+                if end.state == "failed" and retry_at.get(execution.holder) is None and not execution.taken_over:
                     self._announce_dead_letter(execution.record)
         with self._lock:
-            for execution, _ in ended:
+            for execution, _ in [*cut_short, *ended]:
                 execution.recorded = True
         return retry_at
 
+    def _hand_back_cut_short(self, ended: list[tuple[Execution, Ended]]) -> None:
+        """The runs whose targets returned after their lease was lost, each
+        under its claim: nothing of one whose claim another execution took
+        over (that one records the run); else the run is recorded
+        interrupted and handed back to its leader, owed again at once as its
+        next attempt (on the embedded engine an interrupted run is owed by
+        its state). The claim first, as in ``_record``: once it is ended a
+        taker no longer waits out its lease."""
+        for execution, end in ended:
+            record = execution.record
+            ours = self.claims.complete(record.idempotency_key, execution.holder, False, None, end.at_ms)
+            execution.taken_over = not ours
+            if not ours:
+                continue
+            why = execution.stop_reason or "its lease was lost"
+            self.store.run_interrupted(record, f"interrupted: {why}", end.at_ms)
+            # As its next delivery: its leader, which may still lead under
+            # the fence it sent this one with, skips a row of a delivery it
+            # has sent already.
+            self.store.hand_back(record._replace(attempt=record.attempt + 1), end.at_ms, self.holder)
+
     def _log_ends(self, ended: list[tuple[Execution, Ended]], retry_at: dict[str, int | None]) -> None:
         for execution, end in ended:
+            job_id = execution.record.job_id
+            if execution.lease_lost and execution.taken_over:
+                run_at_ms = execution.record.run_at_ms
+                log.info("dropped the end of %s run_at=%d: its claim was taken over", job_id, run_at_ms)
+                continue
+            if execution.cut_short:
+                self.count("interrupted")
+                self.observer.ended("interrupted")
+                log.warning(
+                    "interrupted %s run_at=%d attempt=%s: %s; handed back, to run again",
+                    job_id,
+                    execution.record.run_at_ms,
+                    execution.attempt,
+                    execution.stop_reason,
+                )
+                continue
             outcome = _outcome(end)
             self.count(outcome)
             self.observer.ended(outcome, retry_at.get(execution.holder) is not None)
-            job_id = execution.record.job_id
             if end.state == "missed":
                 log.info("missed %s run_at=%d: %s", job_id, execution.record.run_at_ms, end.error)
             elif end.state == "parked":
