@@ -79,6 +79,13 @@ def run(
         str | None,
         typer.Option(help="The leaders cannot record what they send at AT s for FOR s, as AT+FOR."),
     ] = None,
+    target_time: Annotated[
+        bool,
+        typer.Option(
+            "--target-time",
+            help="Targets take time (most seconds, some past the lease, a few minutes); workers take batches.",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
@@ -103,6 +110,7 @@ def run(
             cluster_outage=blackout,
             downstream_outage=down,
             recording_outage=recording,
+            target_time=target_time,
         )
         started = time.monotonic()
         report = simulate(config)

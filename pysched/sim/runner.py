@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pysched import native
 from pysched.config import DEFAULT_CATCH_UP_RATE
@@ -27,8 +27,8 @@ from pysched.sim.invariants import (
     check_runs,
 )
 from pysched.sim.ledger import Ledger, close_ledger, open_ledger
-from pysched.sim.workload import OwedRuns, make_jobs
-from pysched.sim.world import OUTAGE_WORKER_CONFIG, WORKER_CONFIG, World
+from pysched.sim.workload import OwedRuns, make_jobs, with_durations
+from pysched.sim.world import OUTAGE_WORKER_CONFIG, TIMED_CONCURRENCY, WORKER_CONFIG, World
 
 # The world starts on a Monday, 00:00 UTC: a top-of-the-hour burst at once.
 START_MS = 1_799_020_800_000  # 2027-01-04T00:00:00Z
@@ -58,6 +58,9 @@ class SimConfig:
     downstream_outage: Outage | None = None
     # The leaders cannot record what they send for a while (faults.py).
     recording_outage: Outage | None = None
+    # Targets take time (drawn per job, workload.with_durations) and the
+    # workers take batches, as a node's pool does (world.SimNode).
+    target_time: bool = False
 
     def replay_line(self) -> str:
         options = [
@@ -77,6 +80,8 @@ class SimConfig:
             options.append(f"--downstream-outage {self.downstream_outage.spec()}")
         if self.recording_outage is not None:
             options.append(f"--recording-outage {self.recording_outage.spec()}")
+        if self.target_time:
+            options.append("--target-time")
         return " ".join(options)
 
 
@@ -111,12 +116,29 @@ def simulate(config: SimConfig) -> SimReport:
     plan = plan_faults(rng, config.faults, config.nodes, START_MS + 60_000, end, config.fault_count, blackout)
     leader_config = LeaderConfig(catch_up_rate=config.catch_up_rate)
     worker_config = WORKER_CONFIG if down is None else OUTAGE_WORKER_CONFIG
+    if config.target_time:
+        worker_config = replace(worker_config, concurrency=TIMED_CONCURRENCY)
     recording = None if config.recording_outage is None else config.recording_outage.window_ms(START_MS, STEP_MS)
-    world = World(rng, config.nodes, config.partitions, START_MS, plan, worker_config, leader_config, recording)
+    world = World(
+        rng,
+        config.nodes,
+        config.partitions,
+        START_MS,
+        plan,
+        worker_config,
+        leader_config,
+        recording,
+        config.target_time,
+    )
     world_id = f"world-{next(_worlds)}"
     ledger = open_ledger(world_id, world.clock, down)
     try:
         jobs = make_jobs(rng, config.jobs, world_id, START_MS, end - START_MS, config.flaky, config.catch_up)
+        if config.target_time:
+            # Generators of their own, seeded by name: the world's draws stay
+            # as they were.
+            jobs = with_durations(jobs, random.Random(f"{config.seed}/durations"), worker_config.lease_ms)
+            world.attach(ledger, random.Random(f"{config.seed}/crashed-calls"))
         register_many(world.nodes[0].clients.store, jobs, START_MS)
         report = SimReport(config)
         _run(world, end, report)
@@ -134,6 +156,7 @@ def simulate(config: SimConfig) -> SimReport:
         report.counts = sum((node.counts() for node in world.nodes), Counter())
         return report
     finally:
+        world.close()
         close_ledger(world_id)
 
 
