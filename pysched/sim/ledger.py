@@ -58,8 +58,17 @@ class Ledger:
         # when each call made while it was down came.
         self.down_ms: tuple[int, int] | None = None
         self.calls_while_down: list[int] = []
+        # The calls of each run that failed once, in order: (attempt, world
+        # time it started), so that a retry is seen to wait for its time.
+        self.tries: dict[str, list[tuple[int, int]]] = {}
         # Calls that take time and have not ended, in the order made.
         self.in_flight: list[CallInFlight] = []
+
+    def tried(self, key: str, attempt: int, now_ms: int, fails: bool) -> None:
+        """A call of the run of ``key`` starts: kept once one of its calls
+        fails (a day's runs are millions; a retried run's are few)."""
+        if fails or key in self.tries:
+            self.tries.setdefault(key, []).append((attempt, now_ms))
 
     def land(self, now_ms: int) -> None:
         """The effects of the calls in flight that end by ``now_ms``, in the
@@ -156,6 +165,7 @@ def record(ctx: RunContext) -> None:
     if fail_first:
         ledger.first_try.setdefault(key, now_ms)
     fails = down or ledger.failed[key] < fail_first
+    ledger.tried(key, ctx.attempt, now_ms, fails)
     duration_ms = ctx.payload.get("duration_ms")
     fiber = current_fiber()
     if duration_ms is not None and fiber is not None:

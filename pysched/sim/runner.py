@@ -21,13 +21,16 @@ from pysched.sim.invariants import (
     LeaderWatch,
     Violation,
     check_catch_up,
+    check_dead_letters,
     check_ends,
     check_lane,
     check_policies,
+    check_retry_waits,
     check_runs,
+    check_settled,
 )
 from pysched.sim.ledger import Ledger, close_ledger, open_ledger
-from pysched.sim.workload import OwedRuns, make_jobs, with_durations
+from pysched.sim.workload import LONGEST_TARGET_MS, OwedRuns, make_jobs, with_durations
 from pysched.sim.world import OUTAGE_WORKER_CONFIG, TIMED_CONCURRENCY, WORKER_CONFIG, World
 
 # The world starts on a Monday, 00:00 UTC: a top-of-the-hour burst at once.
@@ -35,6 +38,10 @@ START_MS = 1_799_020_800_000  # 2027-01-04T00:00:00Z
 STEP_MS = 100  # how far the world clock moves between rounds
 # Runs due this near the end are not judged: they may still be on their way.
 _UNJUDGED_MS = 120_000
+# How long a world runs after its faults stop before every run due by then
+# must have ended (invariants.check_settled): runs due this near the end are
+# not judged, and, with --target-time, its longest target and a lease more.
+_SETTLE_MS = _UNJUDGED_MS
 _worlds = itertools.count(1)
 
 
@@ -134,11 +141,13 @@ def simulate(config: SimConfig) -> SimReport:
     ledger = open_ledger(world_id, world.clock, down)
     try:
         jobs = make_jobs(rng, config.jobs, world_id, START_MS, end - START_MS, config.flaky, config.catch_up)
+        settle_ms = _SETTLE_MS
         if config.target_time:
             # Generators of their own, seeded by name: the world's draws stay
             # as they were.
             jobs = with_durations(jobs, random.Random(f"{config.seed}/durations"), worker_config.lease_ms)
             world.attach(ledger, random.Random(f"{config.seed}/crashed-calls"))
+            settle_ms += LONGEST_TARGET_MS + worker_config.lease_ms
         register_many(world.nodes[0].clients.store, jobs, START_MS)
         report = SimReport(config)
         _run(world, end, report)
@@ -148,6 +157,8 @@ def simulate(config: SimConfig) -> SimReport:
         # when the recording is).
         quiet_from = max([plan.quiet_from_ms] + [window[1] for window in (down, recording) if window is not None])
         report.violations += _judge(world, jobs, ledger, end, quiet_from, leader_config, report)
+        report.violations += _judge_settled(world, ledger, end, quiet_from, settle_ms, down is not None)
+        report.violations.sort(key=lambda v: (v.at_ms, v.kind, v.detail))
         report.executed = ledger.executed
         report.digest = ledger.digest()
         report.faults = world.faults_begun
@@ -176,6 +187,31 @@ def _run(world: World, end: int, report: SimReport) -> None:
             return
         idle_until = world.idle_until()
         world.clock.advance(STEP_MS if idle_until is None else max(STEP_MS, idle_until - world.clock.now_ms()))
+
+
+def _judge_settled(
+    world: World, ledger: Ledger, end: int, quiet_from: int, settle_ms: int, downstream_down: bool
+) -> list[Violation]:
+    """Whether the world settled: every run due a settle time after the
+    faults stopped has ended; no run failed for good but by an outage of
+    its downstream (or lost with its node twice); no retry came before its
+    time. Every attempt group, not the first alone."""
+    tables = world.cluster.schedule
+    violations: list[Violation] = []
+    if end - quiet_from >= settle_ms:
+        violations += check_settled(tables.runs, end - settle_ms)
+    if not downstream_down:
+        dead = {idempotency_key(*run): at_ms for run, at_ms in tables.dead_letters.items()}
+        lost = {
+            key
+            for (job_id, run_at, group), key in ((run, idempotency_key(*run)) for run in tables.dead_letters)
+            if (row := tables.runs.get(job_id, {}).get((run_at, group))) is not None
+            and row.failures
+            and row.failures[-1][1].kind == LOST
+        }
+        violations += check_dead_letters(dead, lost)
+    violations += check_retry_waits(tables.retries_due, ledger.tries)
+    return violations
 
 
 def _judge(
