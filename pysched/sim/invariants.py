@@ -128,7 +128,7 @@ def check_runs(
                 missed_count += 1
             continue
         if run.key in dead:
-            if ledger.count(run.key) > 1:
+            if ledger.counted(run.key) > 1:
                 out.append(Violation("doubled", f"{run.key} ran {ledger.count(run.key)} times", run.due_ms))
             continue
         if started is None:
@@ -136,7 +136,7 @@ def check_runs(
             continue
         known += 1
         n = ledger.count(run.key)
-        if ledger.count(run.key) > 1:
+        if ledger.counted(run.key) > 1:
             out.append(Violation("doubled", f"{run.key} ran {n} times", run.due_ms))
         started = first_try.get(run.key, started)
         if started < run.due_ms - MAX_SKEW_MS:
@@ -151,7 +151,7 @@ def check_runs(
         if run.key in first_start:
             known += 1
         n = ledger.count(run.key)
-        if ledger.count(run.key) > 1:
+        if ledger.counted(run.key) > 1:
             out.append(Violation("doubled", f"{run.key} ran {n} times", run.due_ms))
     if known < len(first_start):
         # Some run executed that nobody owes: name it, from the runs owed again.
@@ -211,7 +211,8 @@ def _ends_of(key: str, row: RunRow | None, ledger: Ledger, due_ms: int) -> list[
     if row is None:
         return out
     lost_for_good = row.state == "failed" and bool(failures) and failures[-1].kind == LOST
-    if key in ledger.first_start and row.state != "succeeded" and not lost_for_good:
+    still_running = row.state == "running" and key in ledger.under_way_at_end
+    if key in ledger.first_start and row.state != "succeeded" and not lost_for_good and not still_running:
         out.append(Violation("unsettled", f"{key} ran but is recorded {row.state}", due_ms))
     if row.state == "failed" and not (row.failures and row.failures[-1][1].dead_lettered):
         out.append(Violation("unsettled", f"{key} failed for good without its last failure", due_ms))

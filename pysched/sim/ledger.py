@@ -63,6 +63,12 @@ class Ledger:
         self.tries: dict[str, list[tuple[int, int]]] = {}
         # Calls that take time and have not ended, in the order made.
         self.in_flight: list[CallInFlight] = []
+        # Executions by calls whose node died before they returned: their
+        # runs are rightly run again (delivery is at least once; the
+        # idempotency key is what makes the effect once at a downstream).
+        self.orphaned: Counter[str] = Counter()
+        # Runs whose call was still under way when the world ended.
+        self.under_way_at_end: set[str] = set()
 
     def tried(self, key: str, attempt: int, now_ms: int, fails: bool) -> None:
         """A call of the run of ``key`` starts: kept once one of its calls
@@ -97,6 +103,17 @@ class Ledger:
         for call in gone:
             if not call.fails and rng.random() < 0.5:
                 self._land(call)
+                self.orphaned[call.key] += 1
+
+    def finish(self) -> None:
+        """The world ends: a call still under way counts as the execution it
+        will be (its run started, and is not lost); one failing counts no
+        failure yet, as none is recorded yet."""
+        for call in self.in_flight:
+            self.under_way_at_end.add(call.key)
+            if not call.fails:
+                self._land(call)
+        self.in_flight = []
 
     def is_down(self, now_ms: int) -> bool:
         return self.down_ms is not None and self.down_ms[0] <= now_ms < self.down_ms[1]
@@ -120,6 +137,12 @@ class Ledger:
     def count(self, key: str) -> int:
         """How many times the run of ``key`` executed."""
         return 0 if key not in self.first_start else 1 + self.repeats.get(key, 0)
+
+    def counted(self, key: str) -> int:
+        """How many times the run of ``key`` executed, but for the calls
+        orphaned by their node's death before a later one: those may repeat."""
+        n = self.count(key)
+        return max(min(n, 1), n - self.orphaned.get(key, 0))
 
     def digest(self) -> str:
         """Of every execution and its time, in order: the same seed gives the

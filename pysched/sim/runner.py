@@ -151,6 +151,7 @@ def simulate(config: SimConfig) -> SimReport:
         register_many(world.nodes[0].clients.store, jobs, START_MS)
         report = SimReport(config)
         _run(world, end, report)
+        ledger.finish()
         # Runs due before the downstream is back and settled are owed
         # whenever they come, as are those of a fault, and those whose
         # earlier runs could not be recorded (their next runs are planned
