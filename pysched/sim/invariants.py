@@ -118,7 +118,8 @@ def check_runs(
             out.append(
                 Violation("doubled", f"{run.key} was recorded missed {len(reasons)} times {reasons}", run.due_ms)
             )
-        if run.key in dead and (reasons or (started is not None and run.key not in lost)):
+        orphaned = ledger.orphaned.get(run.key, 0) >= ledger.count(run.key) > 0
+        if run.key in dead and (reasons or (started is not None and run.key not in lost and not orphaned)):
             outcome = "ran" if started is not None else f"was recorded missed ({reasons[0]})"
             out.append(Violation("doubled", f"{run.key} failed for good and also {outcome}", run.due_ms))
         if reasons:
@@ -205,8 +206,12 @@ def _ends_of(key: str, row: RunRow | None, ledger: Ledger, due_ms: int) -> list[
     out: list[Violation] = []
     failures = [] if row is None else [f for _, f in row.failures]
     recorded = sum(1 for f in failures if f.kind != LOST)
+    lost = len(failures) - recorded
     failed = ledger.failed.get(key, 0)
-    if recorded != failed:
+    # A call that failed and whose node died before it recorded so (its
+    # attempt then recorded lost, by the node taking the run over) counts
+    # as the downstream saw it: at most one for each attempt recorded lost.
+    if not recorded <= failed <= recorded + lost:
         out.append(Violation("failures", f"{key}: {failed} calls failed, {recorded} failed attempts recorded", due_ms))
     if row is None:
         return out
