@@ -61,8 +61,10 @@ class Ledger:
         # The calls of each run that failed once, in order: (attempt, world
         # time it started), so that a retry is seen to wait for its time.
         self.tries: dict[str, list[tuple[int, int]]] = {}
-        # Calls that take time and have not ended, in the order made.
+        # Calls that take time and have not ended, in the order made; and
+        # those that ended whose node has not heard yet.
         self.in_flight: list[CallInFlight] = []
+        self.unheard: list[CallInFlight] = []
         # Executions by calls whose node died before they returned: their
         # runs are rightly run again (delivery is at least once; the
         # idempotency key is what makes the effect once at a downstream).
@@ -85,6 +87,11 @@ class Ledger:
         self.in_flight = [c for c in self.in_flight if c.end_ms > now_ms]
         for call in due:
             self._land(call)
+        self.unheard += due
+
+    def heard(self, call: CallInFlight) -> None:
+        """The node that made ``call`` has its answer (its fiber goes on)."""
+        self.unheard.remove(call)
 
     def _land(self, call: CallInFlight) -> None:
         if call.fails:
@@ -103,6 +110,12 @@ class Ledger:
         for call in gone:
             if not call.fails and rng.random() < 0.5:
                 self._land(call)
+                self.orphaned[call.key] += 1
+        # Ended, but the node died before it heard (its call's fiber had not
+        # gone on since): the effect is there, and nobody recorded it.
+        for call in [c for c in self.unheard if c.owner is owner]:
+            self.unheard.remove(call)
+            if not call.fails:
                 self.orphaned[call.key] += 1
 
     def finish(self) -> None:
@@ -193,8 +206,10 @@ def record(ctx: RunContext) -> None:
     fiber = current_fiber()
     if duration_ms is not None and fiber is not None:
         end_ms = now_ms + int(duration_ms)
-        ledger.in_flight.append(CallInFlight(key, now_ms, end_ms, fails, fiber.owner))
+        call = CallInFlight(key, now_ms, end_ms, fails, fiber.owner)
+        ledger.in_flight.append(call)
         fiber.suspend(end_ms)  # the world lands it at end_ms, before this goes on
+        ledger.heard(call)
     elif fails:
         ledger.fail(key, now_ms)
     else:
