@@ -90,6 +90,7 @@ class Broker:
         self.logs: list[list[LogRecord]] = [[] for _ in range(partitions)]
         self.groups: dict[str, _Group] = {}
         self._joined = 0
+        self.appended = 0  # records appended so far, to every partition
 
     # -- read back by a simulator's checker ------------------------------------
 
@@ -116,6 +117,7 @@ class Broker:
         p = schedule_partition % self.partitions
         log = self.logs[p]
         log.append(LogRecord(p, len(log), payload, self.clock.now_ms(), schedule_partition))
+        self.appended += 1
 
     def join(self, group: str) -> str:
         self._joined += 1
@@ -191,6 +193,23 @@ class MemoryConsumer:
                 rec = b.logs[p][offset]
                 return Delivery(rec.payload, rec.appended_at_ms, RecordToken(p, offset))
         return None
+
+    def may_deliver(self) -> bool:
+        """Whether ``next`` may give a delivery now: one of its partitions
+        has records past its position, or a crashed member's session has run
+        out (the rebalance may give it partitions). A simulator steps a
+        worker only when it may."""
+        with self._broker.lock:
+            b = self._broker
+            g = b.groups[self._group]
+            now = b.clock.now_ms()
+            for m in g.members.values():
+                if m.crashed_at_ms is not None and now >= m.crashed_at_ms + b.session_timeout_ms:
+                    return True
+            member = g.members.get(self.name)
+            if member is None or member.crashed_at_ms is not None or self._closed:
+                return False
+            return any(offset < len(b.logs[p]) for p, offset in member.positions.items())
 
     def ack(self, delivery: Delivery) -> None:
         token = delivery.token

@@ -177,6 +177,11 @@ class ScheduleTables:
         self.attempt_counts: dict[tuple[str, int, str], AttemptCount] = {}
         # The overlap policy's running slot of each job (overlap.py).
         self.slots: dict[str, RunningSlot] = {}
+        # Each retry granted: (job id, run_at, attempt group) -> the attempt
+        # that failed -> when its retry is due (the last recording's). The
+        # run's row keeps only the last; a simulator's checker holds every
+        # retry to its time.
+        self.retries_due: dict[tuple[str, int, int], dict[int, int]] = {}
 
     # -- read back by a simulator's checker ------------------------------------
 
@@ -797,6 +802,8 @@ class MemoryScheduleStore:
             # was delivered from goes, or the run would be due again at once.
             due = placed_ahead(retry_due_ms, mark)
             self._schedule_again(record, due, delivery)
+            run_key = (record.job_id, record.run_at_ms, record.attempt_group)
+            self.tables.retries_due.setdefault(run_key, {})[failure.attempt] = retry_due_ms
             self._op.midway("run_failed")
             self._put_run(record, replace_row(ended, state="retrying", due_ms=due))
             if due != record.due_ms:

@@ -83,6 +83,13 @@ def run(
         str | None,
         typer.Option(help="The workers cannot record how their runs ended at AT s for FOR s, as AT+FOR."),
     ] = None,
+    target_time: Annotated[
+        bool,
+        typer.Option(
+            "--target-time",
+            help="Targets take time (most seconds, some past the lease, a few minutes); workers take batches.",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
@@ -109,6 +116,7 @@ def run(
             downstream_outage=down,
             recording_outage=recording,
             history_outage=history,
+            target_time=target_time,
         )
         started = time.monotonic()
         report = simulate(config)

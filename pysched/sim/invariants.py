@@ -1,8 +1,10 @@
 """What a simulated world must show: every owed run executed exactly once,
 failed for good with its attempts recorded, or recorded missed with a reason
-its job's catch-up policy gives; none before its time; fences that only
-grow; a catch-up lane within its rate; and, once the faults stop, every run
-on time again."""
+its job's catch-up policy gives; none before its time, and no retry before
+its backoff's; fences that only grow; a catch-up lane within its rate; no
+dead letter where the downstream never went down; and, once the faults
+stop, every run on time again and, after a settle time, none left under
+way or owed."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pysched.memory.dispatcher import Broker
 from pysched.memory.store import RunRow
 from pysched.model import Job
 from pysched.protocols import MissedRuns
+from pysched.records import idempotency_key
 from pysched.retries import LOST
 from pysched.sim.faults import MAX_SKEW_MS
 from pysched.sim.ledger import Ledger
@@ -31,7 +34,7 @@ LATE_BOUND_MS = 5_000
 @dataclass(frozen=True, slots=True)
 class Violation:
     # lost, doubled, unowed, early, late, fence, failures, unsettled,
-    # policy, catch-up, lane
+    # policy, catch-up, lane, dead, backoff
     kind: str
     detail: str
     at_ms: int  # world time it concerns
@@ -115,7 +118,8 @@ def check_runs(
             out.append(
                 Violation("doubled", f"{run.key} was recorded missed {len(reasons)} times {reasons}", run.due_ms)
             )
-        if run.key in dead and (reasons or (started is not None and run.key not in lost)):
+        orphaned = ledger.orphaned.get(run.key, 0) >= ledger.count(run.key) > 0
+        if run.key in dead and (reasons or (started is not None and run.key not in lost and not orphaned)):
             outcome = "ran" if started is not None else f"was recorded missed ({reasons[0]})"
             out.append(Violation("doubled", f"{run.key} failed for good and also {outcome}", run.due_ms))
         if reasons:
@@ -125,7 +129,7 @@ def check_runs(
                 missed_count += 1
             continue
         if run.key in dead:
-            if ledger.count(run.key) > 1:
+            if ledger.counted(run.key) > 1:
                 out.append(Violation("doubled", f"{run.key} ran {ledger.count(run.key)} times", run.due_ms))
             continue
         if started is None:
@@ -133,7 +137,7 @@ def check_runs(
             continue
         known += 1
         n = ledger.count(run.key)
-        if n > 1:
+        if ledger.counted(run.key) > 1:
             out.append(Violation("doubled", f"{run.key} ran {n} times", run.due_ms))
         started = first_try.get(run.key, started)
         if started < run.due_ms - MAX_SKEW_MS:
@@ -148,7 +152,7 @@ def check_runs(
         if run.key in first_start:
             known += 1
         n = ledger.count(run.key)
-        if n > 1:
+        if ledger.counted(run.key) > 1:
             out.append(Violation("doubled", f"{run.key} ran {n} times", run.due_ms))
     if known < len(first_start):
         # Some run executed that nobody owes: name it, from the runs owed again.
@@ -182,21 +186,96 @@ def check_ends(
     indistinguishable from a job that crashes its node), and a dead
     letter's last failed attempt recorded as its last."""
     out: list[Violation] = []
+    # Every attempt group of a time is judged, not only the first: a later
+    # group (a redrive) is the same time's run again.
+    later_groups: dict[tuple[str, int], list[int]] = {}
+    for job_id, rows in runs.items():
+        for run_at, group in rows:
+            if group:
+                later_groups.setdefault((job_id, run_at), []).append(group)
     for run in owed:
-        row = runs.get(run.job_id, {}).get((run.run_at_ms, 0))
-        failures = [] if row is None else [f for _, f in row.failures]
-        recorded = sum(1 for f in failures if f.kind != LOST)
-        failed = ledger.failed.get(run.key, 0)
-        if recorded != failed:
-            detail = f"{run.key}: {failed} calls failed, {recorded} failed attempts recorded"
-            out.append(Violation("failures", detail, run.due_ms))
-        if row is None:
-            continue
-        lost_for_good = row.state == "failed" and bool(failures) and failures[-1].kind == LOST
-        if run.key in ledger.first_start and row.state != "succeeded" and not lost_for_good:
-            out.append(Violation("unsettled", f"{run.key} ran but is recorded {row.state}", run.due_ms))
-        if row.state == "failed" and not (row.failures and row.failures[-1][1].dead_lettered):
-            out.append(Violation("unsettled", f"{run.key} failed for good without its last failure", run.due_ms))
+        rows = runs.get(run.job_id, {})
+        groups = [0, *sorted(later_groups.get((run.job_id, run.run_at_ms), ()))]
+        for group in groups:
+            key = idempotency_key(run.job_id, run.run_at_ms, group)
+            out += _ends_of(key, rows.get((run.run_at_ms, group)), ledger, run.due_ms)
+    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
+
+
+def _ends_of(key: str, row: RunRow | None, ledger: Ledger, due_ms: int) -> list[Violation]:
+    out: list[Violation] = []
+    failures = [] if row is None else [f for _, f in row.failures]
+    recorded = sum(1 for f in failures if f.kind != LOST)
+    lost = len(failures) - recorded
+    failed = ledger.failed.get(key, 0)
+    # A call that failed and whose node died before it recorded so (its
+    # attempt then recorded lost, by the node taking the run over) counts
+    # as the downstream saw it: at most one for each attempt recorded lost.
+    if not recorded <= failed <= recorded + lost:
+        out.append(Violation("failures", f"{key}: {failed} calls failed, {recorded} failed attempts recorded", due_ms))
+    if row is None:
+        return out
+    lost_for_good = row.state == "failed" and bool(failures) and failures[-1].kind == LOST
+    still_running = row.state == "running" and key in ledger.under_way_at_end
+    if key in ledger.first_start and row.state != "succeeded" and not lost_for_good and not still_running:
+        out.append(Violation("unsettled", f"{key} ran but is recorded {row.state}", due_ms))
+    if row.state == "failed" and not (row.failures and row.failures[-1][1].dead_lettered):
+        out.append(Violation("unsettled", f"{key} failed for good without its last failure", due_ms))
+    return out
+
+
+# A run's row in these states is under way, or owed again.
+_UNDER_WAY = frozenset({"scheduled", "dispatched", "running", "retrying", "parked", "interrupted"})
+
+
+def check_settled(runs: Mapping[str, Mapping[tuple[int, int], RunRow]], horizon_ms: int) -> list[Violation]:
+    """Every run due by ``horizon_ms`` has ended: none is left running,
+    retrying, parked or owed. The caller gives a horizon that the faults
+    stopped, and the world then ran for its settle time (the longest
+    target, a lease, a recovery), before."""
+    out: list[Violation] = []
+    for job_id, rows in runs.items():
+        for (run_at, group), row in rows.items():
+            if row.due_ms <= horizon_ms and row.state in _UNDER_WAY:
+                key = idempotency_key(job_id, run_at, group)
+                detail = f"{key} is still {row.state} (due {row.due_ms}) after the world settled"
+                out.append(Violation("unsettled", detail, row.due_ms))
+    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
+
+
+def check_dead_letters(dead: Mapping[str, int], lost: Collection[str]) -> list[Violation]:
+    """In a world whose downstream never went down, no run fails for good:
+    a flaky run's retries outnumber its failures. ``dead``: the dead
+    letters' run keys and when each failed for good; ``lost``: those whose
+    last attempt was lost with its node, which retries.LOST_LIMIT
+    dead-letters by design (a world's crashes are indistinguishable from a
+    job that crashes its node)."""
+    out = [
+        Violation("dead", f"{key} failed for good, its downstream never down", at_ms)
+        for key, at_ms in dead.items()
+        if key not in lost
+    ]
+    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
+
+
+def check_retry_waits(
+    retries_due: Mapping[tuple[str, int, int], Mapping[int, int]], tries: Mapping[str, Sequence[tuple[int, int]]]
+) -> list[Violation]:
+    """No attempt after a failed one calls the downstream before the
+    failure's retry was due (``retries_due``: the store's, by run and
+    failed attempt; ``tries``: the ledger's calls of each run that failed,
+    as (attempt, world time)). Clocks may differ by MAX_SKEW_MS each way
+    between the node that set the time and the one that kept it."""
+    out: list[Violation] = []
+    for (job_id, run_at, group), due_by_attempt in retries_due.items():
+        key = idempotency_key(job_id, run_at, group)
+        calls = tries.get(key, ())
+        for failed, due_ms in due_by_attempt.items():
+            for attempt, started in calls:
+                if attempt > failed and started < due_ms - 2 * MAX_SKEW_MS:
+                    early_ms = due_ms - started
+                    detail = f"{key} attempt {attempt} called {early_ms} ms before attempt {failed}'s retry was due"
+                    out.append(Violation("backoff", detail, started))
     return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
 
 

@@ -7,11 +7,13 @@ worlds (the tests run many seeds)."""
 from __future__ import annotations
 
 import hashlib
+import random
 import threading
 from collections import Counter
 from dataclasses import dataclass
 
 from pysched.clock import Clock
+from pysched.sim.fibers import current_fiber
 from pysched.targets import RunContext
 
 TARGET = "pysched.sim.ledger:record"
@@ -21,6 +23,19 @@ TARGET = "pysched.sim.ledger:record"
 class Execution:
     key: str  # the run's idempotency key
     at_ms: int  # true (world) time the job started
+
+
+@dataclass(frozen=True, slots=True)
+class CallInFlight:
+    """A call that takes time (a world with --target-time): made at
+    ``start_ms``, its effect lands at ``end_ms``; ``owner``: the node
+    process whose target made it."""
+
+    key: str
+    start_ms: int
+    end_ms: int
+    fails: bool
+    owner: object
 
 
 class Ledger:
@@ -43,6 +58,75 @@ class Ledger:
         # when each call made while it was down came.
         self.down_ms: tuple[int, int] | None = None
         self.calls_while_down: list[int] = []
+        # The calls of each run that failed once, in order: (attempt, world
+        # time it started), so that a retry is seen to wait for its time.
+        self.tries: dict[str, list[tuple[int, int]]] = {}
+        # Calls that take time and have not ended, in the order made; and
+        # those that ended whose node has not heard yet.
+        self.in_flight: list[CallInFlight] = []
+        self.unheard: list[CallInFlight] = []
+        # Executions by calls whose node died before they returned: their
+        # runs are rightly run again (delivery is at least once; the
+        # idempotency key is what makes the effect once at a downstream).
+        self.orphaned: Counter[str] = Counter()
+        # Runs whose call was still under way when the world ended.
+        self.under_way_at_end: set[str] = set()
+
+    def tried(self, key: str, attempt: int, now_ms: int, fails: bool) -> None:
+        """A call of the run of ``key`` starts: kept once one of its calls
+        fails (a day's runs are millions; a retried run's are few)."""
+        if fails or key in self.tries:
+            self.tries.setdefault(key, []).append((attempt, now_ms))
+
+    def land(self, now_ms: int) -> None:
+        """The effects of the calls in flight that end by ``now_ms``, in the
+        order they end (then made)."""
+        due = sorted((c for c in self.in_flight if c.end_ms <= now_ms), key=lambda c: c.end_ms)
+        if not due:
+            return
+        self.in_flight = [c for c in self.in_flight if c.end_ms > now_ms]
+        for call in due:
+            self._land(call)
+        self.unheard += due
+
+    def heard(self, call: CallInFlight) -> None:
+        """The node that made ``call`` has its answer (its fiber goes on)."""
+        self.unheard.remove(call)
+
+    def _land(self, call: CallInFlight) -> None:
+        if call.fails:
+            self.fail(call.key, call.start_ms)
+        else:
+            self.add(Execution(call.key, call.start_ms))
+
+    def abandon(self, owner: object, rng: random.Random) -> None:
+        """``owner``'s process died with these calls in flight: no answer
+        ever comes back. A call that succeeds may have taken effect before
+        the death (drawn, each way as likely); a failing one counts no
+        failure, since nobody recorded it (the run's next attempt finds it
+        lost)."""
+        gone = [c for c in self.in_flight if c.owner is owner]
+        self.in_flight = [c for c in self.in_flight if c.owner is not owner]
+        for call in gone:
+            if not call.fails and rng.random() < 0.5:
+                self._land(call)
+                self.orphaned[call.key] += 1
+        # Ended, but the node died before it heard (its call's fiber had not
+        # gone on since): the effect is there, and nobody recorded it.
+        for call in [c for c in self.unheard if c.owner is owner]:
+            self.unheard.remove(call)
+            if not call.fails:
+                self.orphaned[call.key] += 1
+
+    def finish(self) -> None:
+        """The world ends: a call still under way counts as the execution it
+        will be (its run started, and is not lost); one failing counts no
+        failure yet, as none is recorded yet."""
+        for call in self.in_flight:
+            self.under_way_at_end.add(call.key)
+            if not call.fails:
+                self._land(call)
+        self.in_flight = []
 
     def is_down(self, now_ms: int) -> bool:
         return self.down_ms is not None and self.down_ms[0] <= now_ms < self.down_ms[1]
@@ -66,6 +150,12 @@ class Ledger:
     def count(self, key: str) -> int:
         """How many times the run of ``key`` executed."""
         return 0 if key not in self.first_start else 1 + self.repeats.get(key, 0)
+
+    def counted(self, key: str) -> int:
+        """How many times the run of ``key`` executed, but for the calls
+        orphaned by their node's death before a later one: those may repeat."""
+        n = self.count(key)
+        return max(min(n, 1), n - self.orphaned.get(key, 0))
 
     def digest(self) -> str:
         """Of every execution and its time, in order: the same seed gives the
@@ -97,18 +187,34 @@ class SimulatedFailure(Exception):
 
 def record(ctx: RunContext) -> None:
     """The downstream: while it is down every call fails; a flaky job's run
-    fails its first ``fail_first`` attempts, whatever made them fail."""
+    fails its first ``fail_first`` attempts, whatever made them fail. A job
+    whose payload gives ``duration_ms`` (a world with --target-time) takes
+    that long, in world time: its effect, or its failure, lands when it
+    ends (``Ledger.land``), at the time it started, and then it returns."""
     ledger = _LEDGERS[str(ctx.payload["world"])]
     key = ctx.idempotency_key
     now_ms = ledger.clock.now_ms()
-    if ledger.is_down(now_ms):
+    down = ledger.is_down(now_ms)
+    if down:
         ledger.calls_while_down.append(now_ms)
-        failed = ledger.fail(key, now_ms)
-        raise SimulatedFailure(f"attempt {ctx.attempt} fails: the downstream is down ({failed} failed)")
     fail_first = int(ctx.payload.get("fail_first", 0))
     if fail_first:
         ledger.first_try.setdefault(key, now_ms)
-        if ledger.failed[key] < fail_first:
-            failed = ledger.fail(key, now_ms)
-            raise SimulatedFailure(f"attempt {ctx.attempt} fails, {failed} of {fail_first}")
-    ledger.add(Execution(key, now_ms))
+    fails = down or ledger.failed[key] < fail_first
+    ledger.tried(key, ctx.attempt, now_ms, fails)
+    duration_ms = ctx.payload.get("duration_ms")
+    fiber = current_fiber()
+    if duration_ms is not None and fiber is not None:
+        end_ms = now_ms + int(duration_ms)
+        call = CallInFlight(key, now_ms, end_ms, fails, fiber.owner)
+        ledger.in_flight.append(call)
+        fiber.suspend(end_ms)  # the world lands it at end_ms, before this goes on
+        ledger.heard(call)
+    elif fails:
+        ledger.fail(key, now_ms)
+    else:
+        ledger.add(Execution(key, now_ms))
+    if down:
+        raise SimulatedFailure(f"attempt {ctx.attempt} fails: the downstream is down ({ledger.failed[key]} failed)")
+    if fails:
+        raise SimulatedFailure(f"attempt {ctx.attempt} fails, {ledger.failed[key]} of {fail_first}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pysched import native
 from pysched.config import DEFAULT_CATCH_UP_RATE
@@ -21,20 +21,27 @@ from pysched.sim.invariants import (
     LeaderWatch,
     Violation,
     check_catch_up,
+    check_dead_letters,
     check_ends,
     check_lane,
     check_policies,
+    check_retry_waits,
     check_runs,
+    check_settled,
 )
 from pysched.sim.ledger import Ledger, close_ledger, open_ledger
-from pysched.sim.workload import OwedRuns, make_jobs
-from pysched.sim.world import OUTAGE_WORKER_CONFIG, WORKER_CONFIG, World
+from pysched.sim.workload import LONGEST_TARGET_MS, OwedRuns, make_jobs, with_durations
+from pysched.sim.world import OUTAGE_WORKER_CONFIG, TIMED_CONCURRENCY, WORKER_CONFIG, World
 
 # The world starts on a Monday, 00:00 UTC: a top-of-the-hour burst at once.
 START_MS = 1_799_020_800_000  # 2027-01-04T00:00:00Z
 STEP_MS = 100  # how far the world clock moves between rounds
 # Runs due this near the end are not judged: they may still be on their way.
 _UNJUDGED_MS = 120_000
+# How long a world runs after its faults stop before every run due by then
+# must have ended (invariants.check_settled): runs due this near the end are
+# not judged, and, with --target-time, its longest target and a lease more.
+_SETTLE_MS = _UNJUDGED_MS
 _worlds = itertools.count(1)
 
 
@@ -60,6 +67,9 @@ class SimConfig:
     recording_outage: Outage | None = None
     # The workers cannot record how their runs ended for a while (faults.py).
     history_outage: Outage | None = None
+    # Targets take time (drawn per job, workload.with_durations) and the
+    # workers take batches, as a node's pool does (world.SimNode).
+    target_time: bool = False
 
     def replay_line(self) -> str:
         options = [
@@ -81,6 +91,8 @@ class SimConfig:
             options.append(f"--recording-outage {self.recording_outage.spec()}")
         if self.history_outage is not None:
             options.append(f"--history-outage {self.history_outage.spec()}")
+        if self.target_time:
+            options.append("--target-time")
         return " ".join(options)
 
 
@@ -115,18 +127,37 @@ def simulate(config: SimConfig) -> SimReport:
     plan = plan_faults(rng, config.faults, config.nodes, START_MS + 60_000, end, config.fault_count, blackout)
     leader_config = LeaderConfig(catch_up_rate=config.catch_up_rate)
     worker_config = WORKER_CONFIG if down is None else OUTAGE_WORKER_CONFIG
+    if config.target_time:
+        worker_config = replace(worker_config, concurrency=TIMED_CONCURRENCY)
     recording = None if config.recording_outage is None else config.recording_outage.window_ms(START_MS, STEP_MS)
     history = None if config.history_outage is None else config.history_outage.window_ms(START_MS, STEP_MS)
     world = World(
-        rng, config.nodes, config.partitions, START_MS, plan, worker_config, leader_config, recording, history
+        rng,
+        config.nodes,
+        config.partitions,
+        START_MS,
+        plan,
+        worker_config,
+        leader_config,
+        recording,
+        history,
+        config.target_time,
     )
     world_id = f"world-{next(_worlds)}"
     ledger = open_ledger(world_id, world.clock, down)
     try:
         jobs = make_jobs(rng, config.jobs, world_id, START_MS, end - START_MS, config.flaky, config.catch_up)
+        settle_ms = _SETTLE_MS
+        if config.target_time:
+            # Generators of their own, seeded by name: the world's draws stay
+            # as they were.
+            jobs = with_durations(jobs, random.Random(f"{config.seed}/durations"), worker_config.lease_ms)
+            world.attach(ledger, random.Random(f"{config.seed}/crashed-calls"))
+            settle_ms += LONGEST_TARGET_MS + worker_config.lease_ms
         register_many(world.nodes[0].clients.store, jobs, START_MS)
         report = SimReport(config)
         _run(world, end, report)
+        ledger.finish()
         # Runs due before the downstream is back and settled are owed
         # whenever they come, as are those of a fault, and those whose
         # earlier runs could not be recorded (their next runs are planned
@@ -135,6 +166,8 @@ def simulate(config: SimConfig) -> SimReport:
         windows = (down, recording, history)
         quiet_from = max([plan.quiet_from_ms] + [window[1] for window in windows if window is not None])
         report.violations += _judge(world, jobs, ledger, end, quiet_from, leader_config, report)
+        report.violations += _judge_settled(world, ledger, end, quiet_from, settle_ms, down is not None)
+        report.violations.sort(key=lambda v: (v.at_ms, v.kind, v.detail))
         report.executed = ledger.executed
         report.digest = ledger.digest()
         report.faults = world.faults_begun
@@ -143,6 +176,7 @@ def simulate(config: SimConfig) -> SimReport:
         report.counts = sum((node.counts() for node in world.nodes), Counter())
         return report
     finally:
+        world.close()
         close_ledger(world_id)
 
 
@@ -162,6 +196,31 @@ def _run(world: World, end: int, report: SimReport) -> None:
             return
         idle_until = world.idle_until()
         world.clock.advance(STEP_MS if idle_until is None else max(STEP_MS, idle_until - world.clock.now_ms()))
+
+
+def _judge_settled(
+    world: World, ledger: Ledger, end: int, quiet_from: int, settle_ms: int, downstream_down: bool
+) -> list[Violation]:
+    """Whether the world settled: every run due a settle time after the
+    faults stopped has ended; no run failed for good but by an outage of
+    its downstream (or lost with its node twice); no retry came before its
+    time. Every attempt group, not the first alone."""
+    tables = world.cluster.schedule
+    violations: list[Violation] = []
+    if end - quiet_from >= settle_ms:
+        violations += check_settled(tables.runs, end - settle_ms)
+    if not downstream_down:
+        dead = {idempotency_key(*run): at_ms for run, at_ms in tables.dead_letters.items()}
+        lost = {
+            key
+            for (job_id, run_at, group), key in ((run, idempotency_key(*run)) for run in tables.dead_letters)
+            if (row := tables.runs.get(job_id, {}).get((run_at, group))) is not None
+            and row.failures
+            and row.failures[-1][1].kind == LOST
+        }
+        violations += check_dead_letters(dead, lost)
+    violations += check_retry_waits(tables.retries_due, ledger.tries)
+    return violations
 
 
 def _judge(

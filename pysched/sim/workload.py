@@ -156,3 +156,31 @@ class OwedRuns:
                 n += 1
                 yield run
         self.count = n
+
+
+# How long a world's targets take with --target-time, drawn per job: most
+# are short; some outlast their claim's lease, so the heartbeat meets them
+# running; a few take minutes, past several leases and later runs' due
+# times (overlap, take-over, grace).
+_SHORT_MS = (0, 2_000)
+_LONG_SHARE, _VERY_LONG_SHARE = 0.05, 0.01
+_VERY_LONG_MS = (120_000, 300_000)
+LONGEST_TARGET_MS = _VERY_LONG_MS[1]
+
+
+def with_durations(jobs: Sequence[Job], rng: random.Random, lease_ms: int) -> list[Job]:
+    """The jobs, each with a ``duration_ms`` in its payload drawn from
+    ``rng`` (a generator of its own: the world's other draws stay as they
+    were): short, longer than ``lease_ms`` (up to two leases), or
+    minutes."""
+    out = []
+    for job in jobs:
+        share = rng.random()
+        if share < _VERY_LONG_SHARE:
+            duration = rng.randint(*_VERY_LONG_MS)
+        elif share < _VERY_LONG_SHARE + _LONG_SHARE:
+            duration = rng.randint(lease_ms + 1, 2 * lease_ms)
+        else:
+            duration = rng.randint(*_SHORT_MS)
+        out.append(job.model_copy(update={"payload": {**job.payload, "duration_ms": duration}}))
+    return out

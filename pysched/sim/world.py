@@ -6,6 +6,7 @@ seed replays the same world."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,7 +17,11 @@ from pysched.leader import LeaderConfig, PartitionLeader, SyncDriver
 from pysched.leader.driver import ROUND, Part
 from pysched.memory import MemoryCluster, MemoryNode, open_memory
 from pysched.memory.dispatcher import MemoryConsumer
+from pysched.sim.batches import BatchingConsumer
+from pysched.sim.calls import FiberCalls, NodeFibers
 from pysched.sim.faults import FaultEvent, FaultPlan, NodeFaults
+from pysched.sim.ledger import Ledger
+from pysched.worker.calls import Capacity
 from pysched.worker.config import WorkerConfig
 from pysched.worker.executor import Executor
 from pysched.worker.step import DeliveryWorker
@@ -43,6 +48,13 @@ WORKER_CONFIG = WorkerConfig(breaker=BreakerPolicy(failure_threshold=1_000, budg
 OUTAGE_WORKER_CONFIG = WorkerConfig(breaker=BreakerPolicy())
 
 
+# A node's workers with --target-time, each taking batches, and the runs it
+# may have under way at once: a catch-up world's hundred minutely jobs keep
+# some ten places taken, a few of them for minutes; the rest are there so
+# that a run rarely waits for a place, and its lateness is the run path's.
+TIMED_CONCURRENCY = 8
+
+
 class NodeClock:
     """A node's view of the world's clock, off by its skew. Nodes never move
     time: the world does."""
@@ -58,10 +70,31 @@ class NodeClock:
         pass
 
 
+@dataclass(eq=False)
+class TimedWorker:
+    """One of the workers of a node whose targets take time, on a fiber of
+    its own; ``stop_asked``: its consumer dropped out of the group, which
+    it learns between its steps, as a worker thread does at its next poll."""
+
+    consumer: BatchingConsumer
+    worker: DeliveryWorker
+    stop_asked: bool = False
+    replacing: bool = False
+    # The broker's state (records appended, group generation) when its
+    # consumer last had nothing to give: unchanged, it still has nothing.
+    seen: tuple[int, int] | None = None
+
+
 @dataclass
 class SimNode:
     """One `pysched up` process: a leader and a worker, and what is done to
-    it. A crash and restart makes a new process (a new holder)."""
+    it. A crash and restart makes a new process (a new holder).
+
+    ``target_time``: its targets take time (their payloads say how long) and
+    it runs as a node's pool does: ``concurrency`` workers, each taking
+    batches of deliveries, within the node's capacity, each on a fiber
+    (calls.py); otherwise one worker, one delivery at a time, each target
+    called and returned within its step."""
 
     index: int
     cluster: MemoryCluster
@@ -70,6 +103,7 @@ class SimNode:
     faults: NodeFaults
     worker_config: WorkerConfig = WORKER_CONFIG
     leader_config: LeaderConfig = field(default_factory=LeaderConfig)
+    target_time: bool = False
     incarnation: int = 0
     alive: bool = True
     paused_until_ms: int = 0
@@ -83,8 +117,12 @@ class SimNode:
     # What the executors of its earlier incarnations counted (parked,
     # retried, dead_lettered, ...).
     past_counts: Counter[str] = field(default_factory=Counter)
+    # Its process's fibers and workers, with target_time.
+    fibers: NodeFibers | None = None
+    timed: list[TimedWorker] = field(default_factory=list)
     _next_heartbeat_ms: int = 0
     _replace_consumer: bool = False
+    _eviction_due: bool = False
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -109,15 +147,96 @@ class SimNode:
         self.driver = SyncDriver(self.leader)
         # Its retries' backoffs drawn from the seed too, each process its own.
         retry_rng = random.Random(f"{self.seed}/{self.incarnation}")
+        if self.target_time:
+            self._start_timed(retry_rng)
+            return
         self.executor = Executor(
             self.clients.claims, self.clients.store, self.clock, self.holder, self.worker_config, retry_rng
         )
         self.consumer = self.clients.dispatcher.consumer()
         self.worker = DeliveryWorker(self.consumer, self.executor, self.rng)
 
+    def _start_timed(self, retry_rng: random.Random) -> None:
+        self.fibers = NodeFibers(self.holder)
+        config = self.worker_config
+        self.executor = Executor(
+            self.clients.claims,
+            self.clients.store,
+            self.clock,
+            self.holder,
+            config,
+            retry_rng,
+            calls=FiberCalls(self.fibers),
+            capacity=Capacity(config.concurrency),
+        )
+        self.timed = []
+        for _ in range(config.concurrency):
+            worker = self._timed_worker()
+            self.timed.append(worker)
+            self.fibers.add_worker(functools.partial(self._work, worker))
+
+    def _timed_worker(self) -> TimedWorker:
+        consumer = BatchingConsumer(self.clients.dispatcher.consumer())
+        worker = DeliveryWorker(consumer, self.executor, self.rng, self.worker_config.batch)
+        return TimedWorker(consumer, worker)
+
+    def _work(self, timed: TimedWorker) -> None:
+        """A worker's fiber: its steps of each round, then wait for the next."""
+        fibers = self.fibers
+        assert fibers is not None
+        fiber = fibers.workers[self.timed.index(timed)]
+        while True:
+            if timed.stop_asked:
+                timed.stop_asked = False
+                timed.replacing = True
+                timed.worker.stop()
+            if timed.replacing and timed.worker.finished:
+                timed.replacing = False
+                fresh = self._timed_worker()
+                timed.consumer, timed.worker = fresh.consumer, fresh.worker
+            for _ in range(_DELIVERIES_PER_ROUND):
+                # A step that took a batch may have waited rounds for its
+                # calls: its consumer may have dropped out meanwhile.
+                if timed.stop_asked or not timed.worker.step(self.clock.now_ms()):
+                    break
+            fiber.suspend(ready=functools.partial(self._may_step, timed))
+
+    def _crashed_consumer_expired(self, world_now: int) -> bool:
+        """Whether a crashed consumer's session has run out: the group
+        rebalances at the next read, and may give any consumer partitions."""
+        broker = self.cluster.broker
+        group = broker.groups.get(self.clients.dispatcher.group)
+        timeout = broker.session_timeout_ms
+        return group is not None and any(
+            m.crashed_at_ms is not None and world_now >= m.crashed_at_ms + timeout for m in group.members.values()
+        )
+
+    def _may_step(self, timed: TimedWorker) -> bool:
+        """Whether a worker's step would do anything now: its consumer
+        dropped out, a delivery it holds is due again, or its consumer may
+        give one (and its node has a place to run it)."""
+        if timed.stop_asked or timed.replacing:
+            return True
+        retry_at = timed.worker.retry_at_ms
+        if retry_at is not None:
+            return self.clock.now_ms() >= retry_at
+        broker = self.cluster.broker
+        group = broker.groups.get(self.clients.dispatcher.group)
+        seen = (broker.appended, 0 if group is None else group.generation)
+        if seen == timed.seen and not self._eviction_due:
+            return False
+        if timed.consumer.may_deliver():
+            return True
+        timed.seen = seen
+        return False
+
     def crash(self) -> None:
         """Gone without a word: its lease and its consumer's session run out."""
         self.alive = False
+        if self.target_time:
+            for timed in self.timed:
+                timed.consumer.crash()
+            return
         self.consumer.crash()
 
     def restart(self) -> None:
@@ -135,6 +254,11 @@ class SimNode:
         commit goes to another consumer. The worker takes nothing more from
         it, finishes what it holds (its acknowledgement is refused), and then
         gets a new consumer."""
+        if self.target_time:
+            for timed in self.timed:
+                timed.consumer.crash()
+                timed.stop_asked = True
+            return
         self.consumer.crash()
         self.worker.stop()
         self._replace_consumer = True
@@ -144,13 +268,18 @@ class SimNode:
             return
         now = self.clock.now_ms()
         self.driver.round(now, order)
-        if self._replace_consumer and self.worker.finished:
+        if self.fibers is not None:
+            self._eviction_due = self._crashed_consumer_expired(world_now)
+            self.fibers.resume_calls(world_now)
+            self.fibers.resume_workers()
+        elif self._replace_consumer and self.worker.finished:
             self._replace_consumer = False
             self.consumer = self.clients.dispatcher.consumer()
             self.worker = DeliveryWorker(self.consumer, self.executor, self.rng)
-        for _ in range(_DELIVERIES_PER_ROUND):
-            if not self.worker.step(self.clock.now_ms()):
-                break
+        if self.fibers is None:
+            for _ in range(_DELIVERIES_PER_ROUND):
+                if not self.worker.step(self.clock.now_ms()):
+                    break
         if now >= self._next_heartbeat_ms:
             self._next_heartbeat_ms = now + self.executor.config.heartbeat_ms
             self.executor.heartbeat_step(now)  # a failure is logged, and tried at the next
@@ -170,10 +299,15 @@ class World:
         leader_config: LeaderConfig | None = None,
         recording_outage_ms: tuple[int, int] | None = None,
         history_outage_ms: tuple[int, int] | None = None,
+        target_time: bool = False,
     ) -> None:
         self.rng = rng
         self.clock = ManualClock(start_ms)
-        self.cluster = open_memory(partitions, self.clock)
+        # With target_time, a dispatch partition for each worker, as a
+        # cluster's Kafka topic has (16) for its nodes' workers (4 each):
+        # the group gives each worker's consumer its own.
+        dispatch_partitions = nodes * worker_config.concurrency if target_time else 2
+        self.cluster = open_memory(partitions, self.clock, dispatch_partitions)
         self.plan = plan
         self.nodes = [
             SimNode(
@@ -184,6 +318,7 @@ class World:
                 NodeFaults(random.Random(rng.random())),
                 worker_config,
                 leader_config or LeaderConfig(),
+                target_time,
             )
             for i in range(nodes)
         ]
@@ -195,12 +330,27 @@ class World:
         self.recording_outage_ms = recording_outage_ms
         # [down, up): the workers cannot record how their runs ended.
         self.history_outage_ms = history_outage_ms
+        # With target_time: the downstream whose calls take time, and how the
+        # calls in flight when their node dies end (attach).
+        self.ledger: Ledger | None = None
+        self._crash_rng = random.Random()
+        # The fibers of the node processes that died, ended with the world.
+        self._dead_fibers: list[NodeFibers] = []
+
+    def attach(self, ledger: Ledger, crash_rng: random.Random) -> None:
+        """The downstream whose calls take time; ``crash_rng``: whether a call
+        in flight took effect before its node died, a generator of its own
+        so that the world's other draws stay as they were."""
+        self.ledger = ledger
+        self._crash_rng = crash_rng
 
     def round(self) -> None:
-        """Begin and end the faults due now, then one round of every live
-        node, in an order drawn from the seed, each node's parts in an order
-        drawn too."""
+        """Land the calls that end now; begin and end the faults due now,
+        then one round of every live node, in an order drawn from the seed,
+        each node's parts in an order drawn too."""
         now = self.clock.now_ms()
+        if self.ledger is not None:
+            self.ledger.land(now)
         self._blackout(now)
         self._recording_outage(now)
         self._history_outage(now)
@@ -227,11 +377,24 @@ class World:
             self.blacked_out = True
             self.faults_begun += 1
             for node in self.nodes:
-                node.crash()
+                self._crash(node)
         elif self.blacked_out and now >= up:
             self.blacked_out = False
             for node in self.nodes:
                 node.restart()
+
+    def _crash(self, node: SimNode) -> None:
+        """The node's process dies: its calls in flight never return."""
+        node.crash()
+        if node.fibers is not None:
+            if self.ledger is not None:
+                self.ledger.abandon(node.fibers, self._crash_rng)
+            self._dead_fibers.append(node.fibers)
+
+    def close(self) -> None:
+        """End the threads of every fiber, the world being over."""
+        for fibers in [*self._dead_fibers, *(n.fibers for n in self.nodes if n.fibers is not None)]:
+            fibers.kill()
 
     def _recording_outage(self, now: int) -> None:
         if self.recording_outage_ms is None:
@@ -265,7 +428,7 @@ class World:
             self.faults_begun += 1
             node = self.nodes[event.node]
             if event.kind == "crash":
-                node.crash()
+                self._crash(node)
             elif event.kind == "pause":
                 node.paused_until_ms = now + event.duration_ms
             elif event.kind == "rebalance":
