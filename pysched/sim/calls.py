@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar, cast
 
 from pysched.sim.fibers import Fiber, FiberKilled, current_fiber
-from pysched.worker.calls import Ends
+from pysched.worker.calls import Ends, split_returns
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -102,12 +102,7 @@ class FiberCalls:
             got = list(returns)
             returns.clear()
             running -= len(got)
-            returned: list[tuple[T, R]] = []
-            for item, result, exc in got:
-                if exc is not None:
-                    failure = failure or exc
-                else:
-                    returned.append((item, cast(R, result)))
+            returned, failure = split_returns(got, failure)
             if returned:
                 yield Ends(returned, more_running=running > 0)
         if failure is not None:

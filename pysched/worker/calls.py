@@ -36,6 +36,21 @@ class Ends(Generic[T, R]):
     more_running: bool
 
 
+def split_returns(
+    got: Iterable[tuple[T, R | None, BaseException | None]], failure: BaseException | None
+) -> tuple[list[tuple[T, R]], BaseException | None]:
+    """Calls' returns as ``TargetCalls.run`` gathers them: the items that
+    returned, with their results, and the first failure (``failure`` if one
+    came before), raised once every call has returned."""
+    returned: list[tuple[T, R]] = []
+    for item, result, exc in got:
+        if exc is not None:
+            failure = failure or exc
+        else:
+            returned.append((item, cast(R, result)))
+    return returned, failure
+
+
 class TargetCalls(Protocol):
     def run(self, items: Iterable[T], call: Callable[[T], R]) -> Iterator[Ends[T, R]]:
         """Call ``call`` on each of ``items`` (taken from it as they are
@@ -152,12 +167,7 @@ class ThreadedCalls:
                 except queue.Empty:
                     break
             running -= len(got)
-            returned: list[tuple[T, R]] = []
-            for item, result, exc in got:
-                if exc is not None:
-                    failure = failure or exc
-                else:
-                    returned.append((item, cast(R, result)))
+            returned, failure = split_returns(got, failure)
             if returned:
                 yield Ends(returned, more_running=running > 0)
         if failure is not None:
