@@ -10,6 +10,7 @@ import functools
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pysched.breakers import BreakerPolicy
 from pysched.clock import ManualClock
@@ -25,6 +26,9 @@ from pysched.worker.calls import Capacity
 from pysched.worker.config import WorkerConfig
 from pysched.worker.executor import Executor
 from pysched.worker.step import DeliveryWorker
+
+# The node faults a named outage sets (NodeFaults), all nodes at once.
+OutageFlag = Literal["recording_down", "history_down"]
 
 # Deliveries one worker may take in one round: enough that the workers keep
 # up with a top-of-the-hour burst within a few rounds.
@@ -352,8 +356,8 @@ class World:
         if self.ledger is not None:
             self.ledger.land(now)
         self._blackout(now)
-        self._recording_outage(now)
-        self._history_outage(now)
+        self._named_outage(now, self.recording_outage_ms, "recording_down")
+        self._named_outage(now, self.history_outage_ms, "history_down")
         self._faults(now)
         nodes = list(self.nodes)
         self.rng.shuffle(nodes)
@@ -396,31 +400,16 @@ class World:
         for fibers in [*self._dead_fibers, *(n.fibers for n in self.nodes if n.fibers is not None)]:
             fibers.kill()
 
-    def _recording_outage(self, now: int) -> None:
-        if self.recording_outage_ms is None:
+    def _named_outage(self, now: int, window: tuple[int, int] | None, flag: OutageFlag) -> None:
+        """Set ``flag`` on every node's faults while ``now`` is in
+        ``window`` ([down, up)), counting the outage once as it begins."""
+        if window is None:
             return
-        down, up = self.recording_outage_ms
-        if down <= now < up:
-            if not self.nodes[0].faults.recording_down:
-                self.faults_begun += 1
-            for node in self.nodes:
-                node.faults.recording_down = True
-        else:
-            for node in self.nodes:
-                node.faults.recording_down = False
-
-    def _history_outage(self, now: int) -> None:
-        if self.history_outage_ms is None:
-            return
-        down, up = self.history_outage_ms
-        if down <= now < up:
-            if not self.nodes[0].faults.history_down:
-                self.faults_begun += 1
-            for node in self.nodes:
-                node.faults.history_down = True
-        else:
-            for node in self.nodes:
-                node.faults.history_down = False
+        down = window[0] <= now < window[1]
+        if down and not getattr(self.nodes[0].faults, flag):
+            self.faults_begun += 1
+        for node in self.nodes:
+            setattr(node.faults, flag, down)
 
     def _faults(self, now: int) -> None:
         while self._pending and self._pending[0].at_ms <= now:
