@@ -116,6 +116,16 @@ class Ended:
     listed: bool = False
 
 
+def _not_at_delivery(retry_due_ms: int | None, delivered_due_ms: int) -> int | None:
+    """A retry's due time, never the time its failed delivery was due for:
+    the stores key a run's schedule row by its due time, and the row it was
+    delivered from may still be marked handed on by its leader's late
+    record, which would take the retry's row for that delivery."""
+    if retry_due_ms is not None and retry_due_ms == delivered_due_ms:
+        return retry_due_ms + 1
+    return retry_due_ms
+
+
 def _outcome(end: Ended) -> RunOutcome:
     """How ``end`` is counted."""
     if end.state == "parked" and end.kind == "overlap":
@@ -1025,12 +1035,7 @@ class Executor:
                     f"{error or 'failed'} (the retry budget of {downstream} is spent: retried in {delay / 1000:.0f} s)"
                 )
         retry_due_ms = None if delay is None else end.at_ms + delay
-        if retry_due_ms == record.due_ms:
-            # Never at the time it was delivered for: the stores key a run's
-            # schedule row by its due time, and the row it was delivered
-            # from may still be marked handed on by its leader's late
-            # record, which would take the retry's row for that delivery.
-            retry_due_ms += 1
+        retry_due_ms = _not_at_delivery(retry_due_ms, record.due_ms)
         execution.recorded_error = error
         failure = FailedAttempt(
             attempt,
@@ -1066,10 +1071,8 @@ class Executor:
         if retry_due_ms is not None:
             # Not behind its partition's watermark, where no leader reads it:
             # the retry was due while nobody knew of it. Never at the time
-            # it was delivered for (see _failure_of).
-            retry_due_ms = max(retry_due_ms, self.clock.now_ms())
-            if retry_due_ms == claimed.due_ms:
-                retry_due_ms += 1
+            # it was delivered for (_not_at_delivery).
+            retry_due_ms = _not_at_delivery(max(retry_due_ms, self.clock.now_ms()), claimed.due_ms)
         self.store.run_failed(failed, failure, retry_due_ms)
         log.warning(
             "recorded attempt %d of %s failed, as its claim kept it (its worker died before the history had it)",
