@@ -213,14 +213,21 @@ def shown_attempt(state: str, attempt: int, ended_attempt: int) -> int:
 
 def add_read_run(rows: dict[int, Run], run: Run) -> None:
     """Add a run read from a schedule row to ``rows`` (by run id). A run
-    handed back has a second row, due later: the run is due once, at the
-    earlier, as the latest delivery either row says."""
+    may have several rows: a hand-back's beside the row it was handed on
+    from, and rows left behind by those (a retry's or a parking's write
+    deletes only the row its delivery came from). The run is due once, as
+    the row of the latest delivery says: each row owing a run again is
+    written for a delivery after every one it follows, and only the latest
+    says when the run is owed (a retry's row, due after its backoff, follows
+    a hand-back's row due a moment after the rejection). Of rows of one
+    delivery (a hand-back's and the row it was handed on from), the
+    earlier. A row left behind and read alone (the latest beyond the
+    horizon) is handed on as the older delivery it is, which the run's
+    failed claim refuses."""
     known = rows.get(run.run_id)
-    if known is None:
+    # Later delivery first, then earlier due time.
+    if known is None or (-run.attempt, run.due_ms) < (-known.attempt, known.due_ms):
         rows[run.run_id] = run
-        return
-    earlier = known if known.due_ms <= run.due_ms else run
-    rows[run.run_id] = earlier._replace(attempt=max(known.attempt, run.attempt))
 
 
 def runs_behind(

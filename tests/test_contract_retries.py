@@ -13,7 +13,15 @@ import tests.test_contract as contract
 from pysched.clock import ManualClock
 from pysched.leader.recording import record_sent
 from pysched.model import Job
-from pysched.protocols import ClaimOutcome, FailedAttempt, PlannedRun, Run, RunNotFound, ScheduleStore
+from pysched.protocols import (
+    ClaimedFailure,
+    ClaimOutcome,
+    FailedAttempt,
+    PlannedRun,
+    Run,
+    RunNotFound,
+    ScheduleStore,
+)
 from pysched.records import DispatchRecord
 from pysched.targets import RunContext
 from pysched.worker import Executor, WorkerConfig
@@ -355,3 +363,46 @@ def test_a_failure_whose_history_write_was_lost_reaches_the_history(backend: Bac
     )
     owed = [r for r in backend.store.due_runs(every(fence), t0 + 60_000, t0 + 300) if r.run_id == rec.run_id]
     assert [(r.due_ms, r.attempt) for r in owed] == [(run.due_ms, 2)]
+
+
+@pytest.mark.parametrize("how", ["retry", "park"])
+def test_a_run_owed_again_after_a_hand_back_is_due_when_its_retry_or_parking_says(backend: Backend, how: str) -> None:
+    # A stale leader's record, rejected for its fence, is handed back (on
+    # the cluster a second schedule row, due a moment later); the new leader
+    # hands the run on, and that delivery fails (or is parked) with the run
+    # owed again 40 s later. The write deletes the row its delivery came
+    # from, not the hand-back's: the run is due when the write says, never
+    # at the hand-back row's time ahead of its backoff.
+    t0 = contract.T0
+    store = backend.store
+    store.add_job(once_job("o", t0 + 100), 0, 0, PlannedRun(t0 + 100, t0 + 100), t0)
+    (sent,) = store.due_runs(every(1), t0 + 60_000, t0 + 150)
+    record_sent(store, [sent], every(1), {}, t0 + 150)
+    for p in range(4):
+        store.raise_fence(p, 2)
+        backend.claims.raise_fence(p, 2)
+    assert store.hand_back(record(sent, 1), t0 + 200) or backend.name == "sqlite"
+    (handed,) = store.due_runs(every(2), t0 + 60_000, t0 + 1_300)
+    assert handed.attempt == 2
+    record_sent(store, [handed], every(2), {}, t0 + 1_300)
+    rec = record(handed, 2)
+    assert backend.claims.claim(rec, "w1", t0 + 1_300, 30_000).outcome is ClaimOutcome.CLAIMED
+    owed_at = t0 + 41_500
+    if how == "retry":
+        assert store.run_started(rec, "w1", t0 + 1_310) == 1
+        failure = _failure(1, t0 + 1_500)
+        kept = ClaimedFailure(failure, owed_at, rec.attempt, rec.due_ms).to_json()
+        assert backend.claims.complete(rec.idempotency_key, "w1", False, kept, t0 + 1_500)
+        store.run_failed(rec, failure, owed_at)
+    else:
+        assert backend.claims.complete(rec.idempotency_key, "w1", False, None, t0 + 1_400)
+        store.run_parked(rec, owed_at, "parked: the circuit breaker is open", t0 + 1_400)
+    (owed,) = [r for r in store.due_runs(every(2), t0 + 60_000, t0 + 1_600) if r.run_id == sent.run_id]
+    assert (owed.due_ms, owed.attempt) == (owed_at, 3)
+    assert store.get_run("o", sent.run_at_ms).due_ms == owed_at
+    if how == "retry":
+        # Read short of the retry, the hand-back's row alone is the delivery
+        # that failed, which its claim refuses.
+        early = [r for r in store.due_runs(every(2), t0 + 30_000, t0 + 1_600) if r.run_id == sent.run_id]
+        for run in early:
+            assert backend.claims.claim(record(run, 2), "w2", t0 + 1_600, 30_000).outcome is ClaimOutcome.FAILED

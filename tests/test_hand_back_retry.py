@@ -1,17 +1,14 @@
 """A run rejected for a stale leader's fence is handed back: a second
 schedule row, due a moment later, the first staying. The new leader reads
-both rows as one run and hands it on from the earlier; its attempt fails,
-with a retry due within the leader's horizon. The retry's write deletes only
-the row the failed delivery came from: the hand-back row is left, due
-before the retry, and the leader reads the two as one run at the earlier
-time and the later delivery, which takes over the failed claim. The retry
-runs before its backoff."""
+both rows as one run and hands it on; its attempt fails, with a retry due
+within the leader's horizon. The retry's write deletes only the row the
+failed delivery came from: the hand-back row is left, due before the
+retry. The leader reads the two as one run at the retry's time, the row of
+the latest delivery: the retry waits out its backoff."""
 
 from __future__ import annotations
 
 import random
-
-import pytest
 
 from pysched import native
 from pysched.leader.recording import record_sent
@@ -41,10 +38,6 @@ def _job(job_id: str) -> Job:
     )
 
 
-# Open: the retry's write deletes only the row its delivery came from, and
-# the leader reads a run's rows as one at the earliest due time. Strict: the
-# fix makes this pass, and its marker goes with it.
-@pytest.mark.xfail(strict=True, reason="a hand-back row left behind hands a retry on before its backoff")
 def test_a_retry_is_not_handed_on_before_its_backoff_by_a_hand_back_row_left_behind() -> None:
     _attempts.clear()
     w = World()

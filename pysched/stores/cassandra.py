@@ -1197,8 +1197,9 @@ class CassandraScheduleStore:
             return
         # As a hand-back: a row of its own at the retry's due time, read as
         # the delivery after the latest the run met (no fence: handed on by
-        # no leader); the row it was delivered from goes, or the run would be
-        # due again at once (add_read_run takes the earlier row). A write
+        # no leader); the row it was delivered from goes, or a newer leader,
+        # which reads both as one delivery, would take the earlier row and
+        # hand the run on at once (add_read_run). A write
         # that lands after the watermark passed the retry's time (it was
         # refused for a while) is placed ahead of it: the run's due_ms says
         # when it is owed, the failure's time stays in its failures.
