@@ -502,31 +502,80 @@ def test_a_success_whose_recording_waited_past_a_lease_of_failed_heartbeats_is_r
 
 
 @pytest.mark.parametrize("job_id", ["stops", "returns"])
-def test_a_run_stopped_as_its_heartbeats_failed_is_handed_back_and_runs_again_as_its_next_attempt(
+def test_a_run_stopped_as_its_heartbeats_failed_is_recorded_as_its_target_ended_while_its_claim_is_its_own(
     job_id: str,
 ) -> None:
-    # Whether its target raises when ctx.cancelled is set (stops) or returns
-    # (perhaps cut short), the return came after the stop: as at a node's
-    # stop, the run is not counted done.
+    # The heartbeats failed for a whole lease (Redis, etcd or Cassandra down
+    # a while): the run is stopped, and its target returns after the stop,
+    # raising (stops) or not (returns: it ignored ctx.cancelled, and its
+    # effect is done). Nobody took the run over, so its claim's completion
+    # is still its own: the run is recorded as it ended, a success as one,
+    # a failure with its retry. Handed back instead, a run that returned
+    # would run a second time, its effect done twice.
     w = World(*failing_heartbeats(3))
     (record,) = w.dispatch(job_id)
     _while_running.append(heartbeats_until_the_lease_runs_out(w))
     assert w.step()
-    # Stopped by us, not failed: interrupted, its delivery acknowledged (on
-    # Kafka an offset left unacknowledged holds back its partition's
-    # commits), and owed to its leader again.
-    assert [(r.state, r.attempt) for r in w.leader.store.history(job_id)] == [("interrupted", 1)]
+    assert w.executor.counts["lease_lost"] == 1
+    # Its delivery acknowledged either way (on Kafka an offset left
+    # unacknowledged holds back its partition's commits).
     assert w.acked() == 1
+    run = w.leader.store.get_run(job_id, record.run_at_ms)
+    claim = w.cluster.claims.claim_rows()[record.idempotency_key]
+    if job_id == "returns":
+        assert (run.state, run.attempt, claim.state, _attempts) == ("succeeded", 1, "succeeded", [1])
+        # A leader that reads its row again (its lease ran out meanwhile)
+        # hands it on again; the claim replays the success.
+        now = w.clock.now_ms()
+        fences = w.leader.coordinator.poll("leader", now)
+        for owed in w.leader.store.due_runs(fences, now + 60_000, now):
+            record_sent(w.leader.store, [owed], fences, {}, now)
+            payload = native.encode_batch([owed], fences[owed.partition], now)[0]
+            w.leader.dispatcher.publish([owed.partition], [payload])
+            assert w.step()
+        assert [(r.state, r.attempt) for r in w.leader.store.history(job_id)] == [("succeeded", 1)]
+        assert _attempts == [1]
+        return
+    assert (run.state, run.attempt, [f.attempt for f in run.failures], claim.state) == ("retrying", 1, [1], "failed")
+    # Its retry, after its backoff, as the next attempt.
+    w.advance_to(run.due_ms)
     now = w.clock.now_ms()
     fences = w.leader.coordinator.poll("leader", now)
     (owed,) = w.leader.store.due_runs(fences, now + 60_000, now)
-    assert owed.job_id == job_id and owed.attempt > record.attempt
+    assert owed.job_id == job_id and owed.attempt > record.attempt and owed.due_ms == run.due_ms
     record_sent(w.leader.store, [owed], fences, {}, now)
     w.leader.dispatcher.publish([owed.partition], [native.encode_batch([owed], fences[owed.partition], now)[0]])
     assert w.step()
     assert [(r.state, r.attempt) for r in w.leader.store.history(job_id)] == [("succeeded", 2)]
     assert (w.acked(), _attempts) == (2, [1, 2])
-    assert w.cluster.claims.claim_rows()[record.idempotency_key].state == "succeeded"
+
+
+@pytest.mark.parametrize("job_id", ["stops", "returns"])
+def test_a_run_taken_over_and_ended_by_its_taker_keeps_the_takers_outcome_when_its_target_returns(
+    job_id: str,
+) -> None:
+    # Its heartbeats failed for a whole lease, and another node took the
+    # run over and recorded it (the attempt lost with the worker it took it
+    # from, to retry) before the stopped target returned: that return,
+    # whatever it says, is not the run's second outcome.
+    w = World(*failing_heartbeats(3))
+    (record,) = w.dispatch(job_id)
+    beat = heartbeats_until_the_lease_runs_out(w)
+    taker = Executor(w.leader.claims, w.leader.store, w.clock, "node-2", CONFIG)
+
+    def taken_over_and_ended_meanwhile() -> None:
+        beat()
+        assert taker.attempt([taker.new_execution(record)]) == [ClaimOutcome.TAKEN_OVER]
+
+    _while_running.append(taken_over_and_ended_meanwhile)
+    assert w.step()
+    assert w.acked() == 1
+    run = w.leader.store.get_run(job_id, record.run_at_ms)
+    assert (run.state, [(f.attempt, f.kind) for f in run.failures]) == ("retrying", [(1, "lost")])
+    row = w.cluster.claims.claim_rows()[record.idempotency_key]
+    assert (row.holder, row.state) == ("node-2/1", "failed")
+    assert (taker.counts["failed"], w.executor.counts["succeeded"], w.executor.counts["failed"]) == (1, 0, 0)
+    assert _attempts == [1]
 
 
 def test_a_run_taken_over_after_its_lease_ran_out_is_recorded_by_its_taker_only() -> None:

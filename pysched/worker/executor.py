@@ -16,12 +16,17 @@ command's process group is signalled. A run whose job was cancelled is
 recorded cancelled. A run whose lease was lost may have been taken over, or
 not (etcd, Cassandra or the network failed the heartbeat for a while): once
 its target returns, its claim is ended under its holder, and only if that
-claim was still its holder's is anything recorded (``_write_ends``):
-an end reached before the stop as it ended (a success waiting to be
-recorded is not lost), and a return after it, as at a node's stop, as an
-interruption, handed back to its leader to be owed again as its next
-attempt. Either way its delivery is
-acknowledged: the run is in the store's hands again, or in the hands of
+claim was still its holder's is anything recorded (``_write_ends``), as the
+run ended, whether before the stop or after it: a success as a success, a
+failure with its retry. Still its holder's means the claim's conditional
+completion under that holder applied (on the cluster Cassandra's
+lightweight transaction, which a taker's conditional take-over contends
+with; Redis is only a hint): nobody took the run over, so no other
+execution ran it or will, and a delivery of it that comes later finds the
+claim ended. Handing such a run back to run again would repeat an effect a
+target that ignored ``ctx.cancelled`` has done. A claim taken over is the
+taker's to record: nothing of this execution is. Either way its delivery
+is acknowledged: the run is in the store's hands again, or in the hands of
 the execution that took it over, whose own delivery it is.
 
 When its node stops past the grace period, the executor interrupts the
@@ -180,9 +185,9 @@ class Execution:
     stop_reason: str | None = None
     lease_lost: bool = False
     taken_over: bool = False
-    # Its target returned after its lease was lost: handed back, whatever
-    # the return said (_set_ended).
-    cut_short: bool = False
+    # Its lease was lost before its target was called: not called, and
+    # handed back to run, unless its claim was taken over (_waited_in_vain).
+    uncalled: bool = False
     # Its hold on its job's running slot (overlap policy), while it has one.
     slot: SlotHold | None = None
     replaced: bool = False  # stopped because a newer run of its job replaced it
@@ -476,11 +481,17 @@ class Executor:
 
     def _waited_in_vain(self, execution: Execution) -> Ended | None:
         """How a run that waited in its batch ends without its call: its job
-        cancelled (the heartbeat stopped it) or a newer run replacing it."""
+        cancelled (the heartbeat stopped it), a newer run replacing it, or
+        its lease lost (handed back, to run)."""
         now_ms = self.clock.now_ms()
         if execution.replaced:
             error = "replaced: a newer run of the job came due before this one started (overlap replace)"
             return Ended("cancelled", error, None, now_ms)
+        if execution.lease_lost:
+            # Its claim may be another's now: nothing of it was done here,
+            # and whoever holds the claim runs it (_hand_back_uncalled).
+            execution.uncalled = True
+            return Ended(None, f"interrupted: {execution.stop_reason}", None, now_ms)
         if execution.stop_reason is not None:
             return Ended("cancelled", f"cancelled: {execution.stop_reason}", None, now_ms)
         return None
@@ -502,14 +513,9 @@ class Executor:
             self.record_interrupted([execution], "the node stopped; it returned after ctx.cancelled was set")
             return
         with self._lock:
-            if execution.lease_lost:
-                # Stopped because its lease was lost: as at a node's stop,
-                # a return after ctx.cancelled may be cut short, whatever it
-                # says, so the run is handed back, to run again from its last
-                # checkpoint (_hand_back_cut_short). An end reached before
-                # the stop keeps what it was.
-                execution.cut_short = True
-            elif ended.state in ("succeeded", "failed") and execution.stop_reason:
+            # Stopped because its lease was lost, it ends as its target said,
+            # recorded if its claim is still its own (_write_ends).
+            if ended.state in ("succeeded", "failed") and execution.stop_reason and not execution.lease_lost:
                 # Stopped because its job was cancelled: whatever the target
                 # made of it, the run was cancelled.
                 ended = Ended("cancelled", f"cancelled: {execution.stop_reason}", ended.result, ended.at_ms)
@@ -1141,15 +1147,15 @@ class Executor:
     def _write_ends(self, ended: list[tuple[Execution, Ended]]) -> dict[str, int | None]:
         """The writes of ``_record``; each failure's retry time (None: a dead
         letter), by holder."""
-        cut_short = [(e, end) for e, end in ended if e.cut_short]
-        ended = [(e, end) for e, end in ended if not e.cut_short]
+        uncalled = [(e, end) for e, end in ended if e.uncalled]
+        ended = [(e, end) for e, end in ended if not e.uncalled]
         for execution, end in ended:
             if end.state == "failed" and execution.failure is None:
                 execution.failure = self._failure_of(execution, end)
         failures = {e.holder: e.failure for e, _ in ended if e.failure is not None}
         retry_at = {holder: retry_due_ms for holder, (_, retry_due_ms) in failures.items()}
         with self.store.writes_together():
-            self._hand_back_cut_short(cut_short)
+            self._hand_back_uncalled(uncalled)
             for execution, end in ended:
                 # A missed run's claim is not a success: its redelivery would
                 # record it succeeded. Taken over, it finds the run missed. A
@@ -1178,26 +1184,25 @@ class Executor:
                 if end.state == "failed" and retry_at.get(execution.holder) is None and not execution.taken_over:
                     self._announce_dead_letter(execution.record)
         with self._lock:
-            for execution, _ in [*cut_short, *ended]:
+            for execution, _ in [*uncalled, *ended]:
                 execution.recorded = True
         return retry_at
 
-    def _hand_back_cut_short(self, ended: list[tuple[Execution, Ended]]) -> None:
-        """The runs whose targets returned after their lease was lost, each
-        under its claim: nothing of one whose claim another execution took
-        over (that one records the run); else the run is recorded
+    def _hand_back_uncalled(self, ended: list[tuple[Execution, Ended]]) -> None:
+        """The runs whose lease was lost before their targets were called,
+        each under its claim: nothing of one whose claim another execution
+        took over (that one runs the run); else the run is recorded
         interrupted and handed back to its leader, owed again at once as its
         next attempt (on the embedded engine an interrupted run is owed by
-        its state). The claim first, as in ``_record``: once it is ended a
-        taker no longer waits out its lease."""
+        its state). The claim first, as in ``_record``: once it is let go of
+        a taker no longer waits out its lease."""
         for execution, end in ended:
             record = execution.record
             ours = self.claims.complete(record.idempotency_key, execution.holder, False, None, end.at_ms)
             execution.taken_over = not ours
             if not ours:
                 continue
-            why = execution.stop_reason or "its lease was lost"
-            self.store.run_interrupted(record, f"interrupted: {why}", end.at_ms)
+            self.store.run_interrupted(record, end.error or "interrupted: its lease was lost", end.at_ms)
             # As its next delivery: its leader, which may still lead under
             # the fence it sent this one with, skips a row of a delivery it
             # has sent already.
@@ -1210,14 +1215,13 @@ class Executor:
                 run_at_ms = execution.record.run_at_ms
                 log.info("dropped the end of %s run_at=%d: its claim was taken over", job_id, run_at_ms)
                 continue
-            if execution.cut_short:
+            if execution.uncalled:
                 self.count("interrupted")
                 self.observer.ended("interrupted")
                 log.warning(
-                    "interrupted %s run_at=%d attempt=%s: %s; handed back, to run again",
+                    "interrupted %s run_at=%d before its call: %s; handed back, to run",
                     job_id,
                     execution.record.run_at_ms,
-                    execution.attempt,
                     execution.stop_reason,
                 )
                 continue
