@@ -862,15 +862,23 @@ class ScheduleStore(Protocol):
         ...
 
     def prune_history(
-        self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
+        self,
+        partitions: Collection[int],
+        finished_before_ms: int | None,
+        keep_per_job: int | None,
+        limit: int,
+        now_ms: int,
     ) -> int:
-        """Delete, with their idempotency claims, up to ``limit`` finished
-        runs (succeeded, failed, cancelled) of the jobs of ``partitions``
-        that ended before ``finished_before_ms`` or have ``keep_per_job``
-        newer finished runs of their job (None: no such limit), a job's
-        oldest first. A scheduled, dispatched or running run is never
-        deleted, nor a job's newest finished run. Returns how many were
-        deleted: fewer than ``limit`` when none is left."""
+        """Delete up to ``limit`` finished runs (succeeded, failed,
+        cancelled) of the jobs of ``partitions`` that ended before
+        ``finished_before_ms`` or have ``keep_per_job`` newer finished runs
+        of their job (None: no such limit), a job's oldest first. A
+        scheduled, dispatched or running run is never deleted, nor a job's
+        newest finished run. Each one's idempotency claim becomes a
+        tombstone, which a claim answers PRUNED, kept until
+        ``now_ms + retention.PRUNED_CLAIM_KEPT_MS``; the tombstones past
+        that go (see retention.py). Returns how many runs were deleted:
+        fewer than ``limit`` when none is left."""
         ...
 
 
@@ -998,6 +1006,9 @@ class ClaimOutcome(enum.Enum):
     # it; its failure (Claim.failure) goes into the run's history if that
     # write was lost, and the run's retry, if any, is a delivery of its own.
     FAILED = "failed"
+    # Its run's history was pruned (retention.py): a stale record delivered
+    # again. Acknowledged, never run, nothing recorded.
+    PRUNED = "pruned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -1061,6 +1072,11 @@ class FailedClaim:
 
     delivery: int
     failure: str
+
+
+# The state of a claim whose run was pruned: a tombstone, kept while a
+# record of the run may still be delivered (retention.py).
+PRUNED_STATE = "pruned"
 
 
 def completed_state(succeeded: bool, result: str | None) -> str:

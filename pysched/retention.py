@@ -12,6 +12,31 @@ workflows 3 days by default (30 on its cloud), a Kubernetes CronJob keeps its
 last 3 jobs. A week covers a weekly job's last run and an incident looked at
 after a weekend; 1,000 runs bound the rows of a job firing every second to
 about 17 minutes of history instead of 86,400 rows a day.
+
+A pruned run's claim outlives its history: Kafka may deliver a dispatch
+record again for as long as it keeps it (a rebalance, a consumer whose
+commits stalled, a group whose offsets expired and start again from the
+earliest record), under a fence that may still be its partition's, and
+Redis may have lost what it knew. Without the claim the record would be
+claimed anew and its run run again. So pruning turns the claim into a
+tombstone (state ``pruned``: no holder, result or checkpoint), which a
+claim answers with ClaimOutcome.PRUNED, and deletes it only once no record
+of the run can be delivered any more: ``PRUNED_CLAIM_KEPT_MS`` after the
+pruning. The topic keeps a record ``DISPATCH_RETENTION_MS`` after its
+append (dispatch/kafka.py sets it on the topic); the broker deletes a whole
+segment at a time, once its newest record is that old, so a record lives at
+most one segment's span (``DISPATCH_SEGMENT_MS``) longer, and the broker
+looks every 5 minutes (log.retention.check.interval.ms). The records of a
+pruned run were appended before it was pruned: it had ended, and a leader
+hands on only runs owed. Storage stays bounded: at most the claims
+of the runs pruned in the last ``PRUNED_CLAIM_KEPT_MS``, each a key and a
+state. The embedded engine's queue lives in its process, shorter than that.
+
+Why not the other ways: refusing a record whose run the store no longer
+knows costs a read of the run on every first delivery, and a run absent
+from the history cannot be told from one whose row a racing write has not
+landed yet; a per-partition "pruned through" mark is held back for good by
+one run left unfinished.
 """
 
 from __future__ import annotations
@@ -27,6 +52,17 @@ from pysched.protocols import ScheduleStore
 log = logging.getLogger("pysched.retention")
 
 DAY_MS = 86_400_000
+HOUR_MS = 3_600_000
+# How long Kafka keeps a dispatch record: three days, a weekend's outage of
+# every worker with room. A record not delivered by then is lost to Kafka.
+DISPATCH_RETENTION_MS = 3 * DAY_MS
+# The span of one segment of the dispatch topic (Kafka's default is 7 days,
+# which would keep a record up to 7 days past its retention).
+DISPATCH_SEGMENT_MS = HOUR_MS
+# How long a pruned run's claim is kept as a tombstone: past the last time
+# Kafka may deliver a record of it (the retention, a segment's span, and an
+# hour for the broker's retention checks and clocks).
+PRUNED_CLAIM_KEPT_MS = DISPATCH_RETENTION_MS + DISPATCH_SEGMENT_MS + HOUR_MS
 BATCH_PAUSE_S = 0.02
 
 
@@ -69,7 +105,7 @@ class HistoryPruner:
         total = 0
         pause = stop or threading.Event()
         while not pause.is_set():
-            pruned = self.store.prune_history(partitions, before, keep, r.batch)
+            pruned = self.store.prune_history(partitions, before, keep, r.batch, self.clock.now_ms())
             total += pruned
             if pruned < r.batch:
                 break

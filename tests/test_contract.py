@@ -21,6 +21,7 @@ from pysched.memory.claims import MemoryClaims
 from pysched.model import Job
 from pysched.node import open_cluster, open_embedded
 from pysched.protocols import (
+    PRUNED_STATE,
     SETTLE_MS,
     ClaimOutcome,
     Coordinator,
@@ -654,7 +655,7 @@ def test_an_interrupted_run_starts_again_as_its_next_attempt(backend: Backend) -
         ("running", 2, None, T0 + 300, None)
     ]
     # Never pruned while it is owed.
-    assert store.prune_history(range(4), T0 + 10_000_000, 0, 100) == 0
+    assert store.prune_history(range(4), T0 + 10_000_000, 0, 100, T0 + 70_000) == 0
 
 
 def test_an_interrupted_run_reaches_a_new_leader_as_its_next_attempt(backend: Backend) -> None:
@@ -939,16 +940,20 @@ def test_the_authoritative_claim_refuses_a_stale_fence_the_fast_path_lets_throug
     assert (stale.outcome, stale.fence_floor) == (ClaimOutcome.FENCED, 5)
 
 
-def _claim_exists(backend: Backend, key: str) -> bool:
-    """Whether the claim's row is still stored (on the cluster, Redis keeps
-    its own 'done' marker for a week whatever happens here)."""
+def _claim_state(backend: Backend, key: str) -> str | None:
+    """The state of the claim's row as stored, None if there is none (on
+    the cluster, Redis keeps its own 'done' marker for a week whatever
+    happens here)."""
     store: Any = backend.store
     if isinstance(backend.claims, MemoryClaims):
-        return key in backend.claims.tables.claim_rows()
+        row = backend.claims.tables.claim_rows().get(key)
+        return None if row is None else row.state
     if backend.name == "sqlite":
-        return store.db.connection().execute("SELECT 1 FROM claims WHERE idem_key = ?", (key,)).fetchone() is not None
-    query = f"SELECT idem_key FROM {store.keyspace}.claims WHERE idem_key = %s"
-    return store.session.execute(query, (key,)).one() is not None
+        found = store.db.connection().execute("SELECT state FROM claims WHERE idem_key = ?", (key,)).fetchone()
+        return None if found is None else str(found[0])
+    query = f"SELECT state FROM {store.keyspace}.claims WHERE idem_key = %s"
+    stored = store.session.execute(query, (key,)).one()
+    return None if stored is None else str(stored.state)
 
 
 def test_prune_history_drops_old_finished_runs_only(backend: Backend) -> None:
@@ -984,20 +989,21 @@ def test_prune_history_drops_old_finished_runs_only(backend: Backend) -> None:
     assert runs() == runs("all-done") == runs("elsewhere") == [6, 5, 4, 3, 2, 1]
     # By age: runs 3 and 4 ended before T0 + 50 s; the limit takes the
     # oldest first; only the partitions given are pruned.
-    assert backend.store.prune_history([0], T0 + 50_000, None, 1) == 1
+    assert backend.store.prune_history([0], T0 + 50_000, None, 1, T0 + 70_000) == 1
     assert runs() == [6, 5, 4, 2, 1]
-    assert backend.store.prune_history([0, 3], T0 + 50_000, None, 100) == 1
+    assert backend.store.prune_history([0, 3], T0 + 50_000, None, 100, T0 + 70_000) == 1
     assert runs() == [6, 5, 2, 1]
     assert runs("all-done") == runs("elsewhere") == [6, 5, 4, 3, 2, 1]
-    assert not _claim_exists(backend, keys[3]) and not _claim_exists(backend, keys[4])
-    assert _claim_exists(backend, keys[5])
-    assert backend.store.prune_history([1], T0 + 50_000, None, 100) == 4
+    # Their claims are tombstones while a record of them may be delivered.
+    assert _claim_state(backend, keys[3]) == _claim_state(backend, keys[4]) == PRUNED_STATE
+    assert _claim_state(backend, keys[5]) == "succeeded"
+    assert backend.store.prune_history([1], T0 + 50_000, None, 100, T0 + 70_000) == 4
     assert runs("all-done") == [6, 5]
     # By count: one finished run kept per job.
-    assert backend.store.prune_history([0, 1], None, 1, 100) == 2
+    assert backend.store.prune_history([0, 1], None, 1, 100, T0 + 70_000) == 2
     assert runs() == [6, 2, 1] and runs("all-done") == [6]
     # The newest finished run stays whatever the limits; then nothing is left.
     everything = [0, 1, 2, 3]
-    assert backend.store.prune_history(everything, T0 + 10**9, 1, 100) == 3
+    assert backend.store.prune_history(everything, T0 + 10**9, 1, 100, T0 + 70_000) == 3
     assert runs() == [6, 2, 1] and runs("elsewhere") == [6, 2, 1] and runs("all-done") == [6]
-    assert backend.store.prune_history(everything, T0 + 10**9, 1, 100) == 0
+    assert backend.store.prune_history(everything, T0 + 10**9, 1, 100, T0 + 70_000) == 0

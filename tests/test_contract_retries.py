@@ -181,7 +181,7 @@ def test_a_dead_letter_goes_with_its_run_when_pruned(backend: Backend) -> None:
     assert [r.run_at_ms for r in store.dead_letters()] == [t0 + 10_000]
     # The newer run, which succeeded, stays; the dead one goes, and with it
     # its dead letter.
-    assert store.prune_history(range(4), t0 + 10**9, None, 100) == 1
+    assert store.prune_history(range(4), t0 + 10**9, None, 100, t0 + 30_000) == 1
     assert store.dead_letters() == []
     assert not store.redrive("every-10s", t0 + 10_000, 0, t0 + 30_000)
     with pytest.raises(RunNotFound):

@@ -73,7 +73,7 @@ from cassandra.cluster import Session
 
 from pysched.config import ClusterConfig
 from pysched.coord.run_leases import EtcdRunLeases, Holding
-from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
+from pysched.protocols import PRUNED_STATE, Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
 from pysched.records import DispatchRecord
 from pysched.stores.cassandra_rows import applied
 
@@ -237,6 +237,9 @@ class RedisCassandraClaims:
             return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=int(reply[2]))
         if fast == "done":
             row = self.session.execute(self._read, (key,)).one()
+            if row is not None and row.state == PRUNED_STATE:
+                # Redis's marker outlived the history (retention.py).
+                return Claim(ClaimOutcome.PRUNED, fence_floor=floor)
             return Claim(ClaimOutcome.SUCCEEDED, result=row.result if row else None, fence_floor=floor)
         # Redis let us through; Cassandra decides.
         res = self.session.execute(
@@ -288,6 +291,11 @@ class RedisCassandraClaims:
             hint = f"{row.holder}|{row.lease_expires_ms}"
             self._fast_path(f"mark {key} held", lambda: self.redis.set(self._claim_key(key), hint, px=2 * lease_ms))
             return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=int(row.lease_expires_ms))
+        if row.state == PRUNED_STATE:
+            # Its run's history was pruned: a stale record (retention.py).
+            # The fast path let it through and holds it under this holder.
+            self._fast_path(f"let go of {key}", lambda: self.redis.delete(self._claim_key(key)))
+            return Claim(ClaimOutcome.PRUNED, fence_floor=floor)
         delivery = int(row.delivery or 0)
         if row.state == "failed" and record.attempt <= delivery:
             # This delivery, or a later one, failed: its retry (if any) is a

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
+from pysched.protocols import PRUNED_STATE, Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
 from pysched.records import DispatchRecord
 from pysched.stores.sqlite_db import SQLiteDatabase
 
@@ -40,6 +40,9 @@ class SQLiteClaims:
                 )
                 return Claim(ClaimOutcome.CLAIMED, fence_floor=max(floor, record.fence))
             state, current_holder, lease_expires_ms, result, delivery = existing
+            if state == PRUNED_STATE:
+                # its run's history was pruned: a stale record (retention.py)
+                return Claim(ClaimOutcome.PRUNED, fence_floor=max(floor, record.fence))
             if state == "succeeded":
                 # done before: replay
                 return Claim(ClaimOutcome.SUCCEEDED, result=result, fence_floor=max(floor, record.fence))

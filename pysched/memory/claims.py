@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from pysched.memory.faults import FaultHook, Guard
 from pysched.memory.rows import replace_row
-from pysched.protocols import Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
+from pysched.protocols import PRUNED_STATE, Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
 from pysched.records import DispatchRecord
 
 ROLE = "claims"
@@ -38,7 +38,7 @@ ROLE = "claims"
 @dataclass(frozen=True, slots=True)
 class ClaimRow:
     run_id: int
-    state: str  # running | succeeded | failed | released (let go of, no outcome)
+    state: str  # running | succeeded | failed | released (let go of, no outcome) | pruned
     holder: str
     fence: int
     lease_expires_ms: int
@@ -81,10 +81,26 @@ class ClaimTables:
             self.floors.clear()
 
     def forget(self, keys: Iterable[str]) -> None:
-        """Delete claims (the store prunes them with their runs)."""
+        """Delete claims (of a cancelled job whose id a new job takes)."""
         with self.lock:
             for key in keys:
                 self.rows.pop(key, None)
+
+    def bury(self, runs: Iterable[tuple[str, int]], now_ms: int) -> None:
+        """Make the claims of pruned runs (key, run id) tombstones, as the
+        cluster's pruning does: nothing of the claim kept but its state,
+        made where the run was never claimed (retention.py)."""
+        with self.lock:
+            for key, run_id in runs:
+                self.rows[key] = ClaimRow(run_id, PRUNED_STATE, "", 0, 0, None, now_ms)
+
+    def drop_buried(self, before_ms: int) -> None:
+        """Delete the tombstones made before ``before_ms``, as the
+        cluster's expire by their TTL."""
+        with self.lock:
+            gone = [k for k, row in self.rows.items() if row.state == PRUNED_STATE and row.updated_at_ms < before_ms]
+            for key in gone:
+                del self.rows[key]
 
 
 class MemoryClaims:
@@ -118,6 +134,8 @@ class MemoryClaims:
                     delivery=record.attempt,
                 )
                 return Claim(ClaimOutcome.CLAIMED, fence_floor=floor)
+            if row.state == PRUNED_STATE:
+                return Claim(ClaimOutcome.PRUNED, fence_floor=floor)
             if row.state == "succeeded":
                 return Claim(ClaimOutcome.SUCCEEDED, result=row.result, fence_floor=floor)
             if row.state == "running" and row.lease_expires_ms > now_ms and row.holder != holder:

@@ -74,6 +74,7 @@ from pysched.protocols import (
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key, run_id_for
+from pysched.retention import PRUNED_CLAIM_KEPT_MS
 
 ROLE = "store"
 log = logging.getLogger("pysched.memory")
@@ -1034,13 +1035,20 @@ class MemoryScheduleStore:
     # -- retention ------------------------------------------------------------
 
     def prune_history(
-        self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
+        self,
+        partitions: Collection[int],
+        finished_before_ms: int | None,
+        keep_per_job: int | None,
+        limit: int,
+        now_ms: int,
     ) -> int:
         wanted = set(partitions)
         deleted = 0
         with self._op("prune_history"):
             if not wanted or limit <= 0:
                 return 0
+            if self.tables.claims is not None:
+                self.tables.claims.drop_buried(now_ms - PRUNED_CLAIM_KEPT_MS)
             for job_id in sorted(j for j, row in self.tables.jobs.items() if row.partition in wanted):
                 runs = _newest_first(self.tables.runs.get(job_id, {}))
                 chosen = _prunable(runs, finished_before_ms, keep_per_job, limit - deleted)
@@ -1049,7 +1057,8 @@ class MemoryScheduleStore:
                     del self.tables.runs[job_id][(row.run_at_ms, row.attempt_group)]
                     self.tables.dead_letters.pop((job_id, row.run_at_ms, row.attempt_group), None)
                     if self.tables.claims is not None:
-                        self.tables.claims.forget([idempotency_key(job_id, row.run_at_ms, row.attempt_group)])
+                        key = idempotency_key(job_id, row.run_at_ms, row.attempt_group)
+                        self.tables.claims.bury([(key, row.run_id)], now_ms)
                 deleted += len(chosen)
                 if deleted >= limit:
                     break

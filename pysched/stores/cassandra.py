@@ -53,6 +53,7 @@ from pysched.protocols import (
     AHEAD_OF_WATERMARK_MS,
     DEFAULT_PARTITIONS,
     NEAR_MS,
+    PRUNED_STATE,
     SETTLE_MS,
     AttemptCount,
     BreakerRow,
@@ -89,6 +90,7 @@ from pysched.protocols import (
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key, run_id_for
+from pysched.retention import PRUNED_CLAIM_KEPT_MS
 from pysched.stores import cassandra_breakers as breaker_tables
 from pysched.stores import cassandra_job_ids as job_id_tables
 from pysched.stores import cassandra_slots as slot_tables
@@ -477,6 +479,14 @@ class CassandraScheduleStore:
         self._delete_runs_through = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms <= ?")
         self._delete_run = p(f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?")
         self._delete_claim = p(f"DELETE FROM {ks}.claims WHERE idem_key = ?")
+        # A pruned run's claim, made a tombstone that expires once no record
+        # of the run can be delivered (retention.py): every other column
+        # cleared, so nothing of the row outlives its TTL.
+        self._bury_claim = p(
+            f"INSERT INTO {ks}.claims (idem_key, run_id, state, holder, fence, lease_expires_ms, result,"
+            f" updated_at_ms, checkpoint, delivery) VALUES (?, null, '{PRUNED_STATE}', null, null, null, null, ?,"
+            " null, null) USING TTL ?"
+        )
         # A registration's run placed again ahead of the watermark (_keep_ahead).
         self._run_handed_on = p(
             f"SELECT state, dispatched_at_ms FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
@@ -1373,8 +1383,14 @@ class CassandraScheduleStore:
     # -- retention ------------------------------------------------------------
 
     def prune_history(
-        self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
+        self,
+        partitions: Collection[int],
+        finished_before_ms: int | None,
+        keep_per_job: int | None,
+        limit: int,
+        now_ms: int,
     ) -> int:
+        # The claims' tombstones expire by their TTL: nothing to sweep here.
         wanted = set(partitions)
         if not wanted or limit <= 0:
             return 0
@@ -1391,7 +1407,7 @@ class CassandraScheduleStore:
                 rows = list(result)
                 runs = [(r.run_at_ms, r.attempt_group, r.state, r.ended_at_ms) for r in rows]
                 chosen = prunable(runs, finished_before_ms, keep_per_job, limit - deleted)
-                deletes.extend(self._prune_statements(job_id, runs, chosen))
+                deletes.extend(self._prune_statements(job_id, runs, chosen, now_ms))
                 # A dead letter goes with its run.
                 for i in sorted(chosen):
                     r = rows[i]
@@ -1411,14 +1427,16 @@ class CassandraScheduleStore:
         return deleted
 
     def _prune_statements(
-        self, job_id: str, runs: Sequence[tuple[int, int, str, int | None]], chosen: set[int]
+        self, job_id: str, runs: Sequence[tuple[int, int, str, int | None]], chosen: set[int], now_ms: int
     ) -> list[tuple[PreparedStatement, tuple[Any, ...]]]:
         """Range deletes over the stretches of a job's runs that go, so a job
         firing every second leaves a range tombstone per pass rather than
         one per run (too many of which make its partition unreadable). The
         oldest stretch is deleted open-ended: each pass's tombstone then
         covers the last one's, which compaction drops. A run sharing its
-        run_at with a run that stays goes by itself."""
+        run_at with a run that stays goes by itself. Each run's claim
+        becomes a tombstone (retention.py)."""
+        kept_s = PRUNED_CLAIM_KEPT_MS // 1_000
         kept_at = {runs[i][0] for i in range(len(runs)) if i not in chosen}
         out: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
         stretch: list[int] = []
@@ -1437,7 +1455,7 @@ class CassandraScheduleStore:
         for i in reversed(range(len(runs))):  # oldest first
             run_at_ms, attempt_group = runs[i][0], runs[i][1]
             if i in chosen:
-                out.append((self._delete_claim, (idempotency_key(job_id, run_at_ms, attempt_group),)))
+                out.append((self._bury_claim, (idempotency_key(job_id, run_at_ms, attempt_group), now_ms, kept_s)))
             if i in chosen and run_at_ms not in kept_at:
                 stretch.append(run_at_ms)
                 continue

@@ -15,6 +15,7 @@ from pysched.model import STORED, Job, Overlap, plannable_job
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
     NEAR_MS,
+    PRUNED_STATE,
     AttemptCount,
     BreakerRow,
     DispatchOutcome,
@@ -39,6 +40,7 @@ from pysched.protocols import (
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key
+from pysched.retention import PRUNED_CLAIM_KEPT_MS
 from pysched.stores.sqlite_db import SQLiteDatabase
 
 log = logging.getLogger("pysched.sqlite")
@@ -830,10 +832,22 @@ class SQLiteScheduleStore:
     # -- retention ------------------------------------------------------------
 
     def prune_history(
-        self, partitions: Collection[int], finished_before_ms: int | None, keep_per_job: int | None, limit: int
+        self,
+        partitions: Collection[int],
+        finished_before_ms: int | None,
+        keep_per_job: int | None,
+        limit: int,
+        now_ms: int,
     ) -> int:
         if not partitions or limit <= 0:
             return 0
+        with self.db.transaction() as conn:
+            # The tombstones no record can meet any more (retention.py), of
+            # every partition: they are no job's history.
+            conn.execute(
+                "DELETE FROM claims WHERE state = ? AND updated_at_ms < ?",
+                (PRUNED_STATE, now_ms - PRUNED_CLAIM_KEPT_MS),
+            )
         # Read outside the write lock (WAL readers do not hold up the
         # leader), along indexes: a week of a job firing every second is
         # 600,000 rows, which one pass must not sort. The delete checks
@@ -885,7 +899,16 @@ class SQLiteScheduleStore:
                 if conn.execute(f"DELETE FROM runs WHERE run_id = ? AND state IN {_FINISHED}", (run_id,)).rowcount:
                     conn.execute("DELETE FROM run_failures WHERE run_id = ?", (run_id,))
                     key = idempotency_key(job_id, run_at_ms, attempt_group)
-                    conn.execute("DELETE FROM claims WHERE idem_key = ?", (key,))
+                    # Kept as a tombstone while a record of the run may
+                    # still be delivered (retention.py), made if the run
+                    # was never claimed (a run cancelled before it ran).
+                    conn.execute(
+                        "INSERT INTO claims (idem_key, run_id, state, holder, fence, lease_expires_ms, result,"
+                        " updated_at_ms) VALUES (?, ?, ?, '', 0, 0, NULL, ?) ON CONFLICT (idem_key) DO UPDATE"
+                        " SET state = excluded.state, holder = '', result = NULL, lease_expires_ms = 0,"
+                        " updated_at_ms = excluded.updated_at_ms",
+                        (key, run_id, PRUNED_STATE, now_ms),
+                    )
                     conn.execute("DELETE FROM checkpoints WHERE idem_key = ?", (key,))
                     deleted += 1
         return deleted

@@ -100,6 +100,9 @@ CREATE TABLE IF NOT EXISTS claims (
     delivery INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS claims_by_holder ON claims (holder, state);
+-- The claims of pruned runs, by when they were pruned: each pruning pass
+-- deletes those kept long enough (retention.py).
+CREATE INDEX IF NOT EXISTS pruned_claims ON claims (updated_at_ms) WHERE state = 'pruned';
 -- A run's last checkpoint, by its claim's key: a table of its own, so that a
 -- file made before checkpoints gains it with the rest of the schema.
 CREATE TABLE IF NOT EXISTS checkpoints (

@@ -701,6 +701,14 @@ class Executor:
                     execution.record.attempt,
                     execution.record.idempotency_key,
                 )
+            elif claim.outcome is ClaimOutcome.PRUNED:
+                # A stale record delivered again: its run ended and its
+                # history is gone, so nothing is recorded either.
+                log.info(
+                    "skipped %s: %s ended, and its history was pruned",
+                    execution.record.job_id,
+                    execution.record.idempotency_key,
+                )
             elif claim.outcome is ClaimOutcome.SUCCEEDED:
                 # Its history may not say so: the node that ran it may have
                 # died after completing the claim (_record). A history that
