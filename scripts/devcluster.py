@@ -319,6 +319,7 @@ transaction.state.log.num.partitions=1
 num.network.threads=2
 num.io.threads=2
 auto.create.topics.enable=false
+log.retention.check.interval.ms=300000
 """
 
 LOG4J2_YAML = """\

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from pysched.config import ClusterConfig
 from pysched.dispatch.offsets import OffsetTracker
 from pysched.protocols import Delivery, DispatchConsumer
+from pysched.retention import DISPATCH_RETENTION_MS, DISPATCH_SEGMENT_MS
 
 log = logging.getLogger("pysched.kafka")
 
@@ -64,7 +65,7 @@ def ensure_topic(
                 name,
                 num_partitions=config.kafka_partitions,
                 replication_factor=config.replication_factor,
-                config={"message.timestamp.type": "LogAppendTime"},
+                config=_topic_config(name == config.topic),
             )
         ],
         operation_timeout=timeout_s,
@@ -76,6 +77,18 @@ def ensure_topic(
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+
+
+def _topic_config(dispatch: bool) -> dict[str, str]:
+    """A topic's settings. The dispatch topic's retention and segment span
+    bound how long a record can be delivered again, which is how long a
+    pruned run's claim is kept (retention.py): the broker's defaults (7
+    days, and a segment of 7 days more) would outlive it."""
+    settings = {"message.timestamp.type": "LogAppendTime"}
+    if dispatch:
+        settings["retention.ms"] = str(DISPATCH_RETENTION_MS)
+        settings["segment.ms"] = str(DISPATCH_SEGMENT_MS)
+    return settings
 
 
 def producer_settings(config: ClusterConfig) -> dict[str, Any]:
