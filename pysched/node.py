@@ -27,9 +27,8 @@ from pysched.worker import WorkerConfig, WorkerPool
 
 if TYPE_CHECKING:
     # Only a cluster node needs the drivers (see open_cluster).
-    from cassandra.cluster import Session
-
     from pysched.metrics import NodeMetrics
+    from pysched.stores.cql_tables import DriverTables
 
 log = logging.getLogger("pysched.node")
 
@@ -97,22 +96,22 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
     from pysched.dispatch.kafka import KafkaDispatcher, ensure_topic
     from pysched.stores.cassandra import CassandraScheduleStore, connect
 
-    session = connect(config)
-    _ensure_schema_or_shut_down(session, config, clock or SystemClock())
+    tables = connect(config)
+    _ensure_schema_or_shut_down(tables, config, clock or SystemClock())
     # Each connection is closed again if a later one fails: a driver left
     # running at exit (Cassandra's scheduler thread) prints a traceback
     # after the error that names the unreachable server.
     with ExitStack() as opened:
-        opened.callback(session.cluster.shutdown)
+        opened.callback(tables.shutdown)
         redis_client = connect_redis(config.redis)
         opened.callback(redis_client.close)
         ensure_topic(config)
         run_etcd = EtcdConnection(config.etcd, name="pysched-etcd-runs")
         opened.callback(run_etcd.close)
         claims = RedisCassandraClaims(
-            redis_client, session, config, EtcdRunLeases(run_etcd, f"/pysched/{config.keyspace}")
+            redis_client, tables, config, EtcdRunLeases(run_etcd, f"/pysched/{config.keyspace}")
         )
-        store = CassandraScheduleStore(session, config)
+        store = CassandraScheduleStore(tables, config)
 
         def publish_fence(partition: int, fence: int) -> None:
             # The store first: a worker that rejects an older leader's run (the
@@ -150,20 +149,20 @@ def open_cluster_store(
     """Just the schedule store, for commands that only read or register."""
     from pysched.stores.cassandra import CassandraScheduleStore, connect
 
-    session = connect(config)
-    _ensure_schema_or_shut_down(session, config, clock or SystemClock())
-    return CassandraScheduleStore(session, config), session.cluster.shutdown
+    tables = connect(config)
+    _ensure_schema_or_shut_down(tables, config, clock or SystemClock())
+    return CassandraScheduleStore(tables, config), tables.shutdown
 
 
-def _ensure_schema_or_shut_down(session: Session, config: ClusterConfig, clock: Clock) -> None:
+def _ensure_schema_or_shut_down(tables: DriverTables, config: ClusterConfig, clock: Clock) -> None:
     """ensure_schema; a configuration it refuses (another partition count
     than the keyspace's) leaves no driver threads behind to delay the exit."""
     from pysched.stores.cassandra import ensure_schema
 
     try:
-        ensure_schema(session, config, clock.now_ms())
+        ensure_schema(tables, config, clock.now_ms())
     except BaseException:
-        session.cluster.shutdown()
+        tables.shutdown()
         raise
 
 

@@ -16,6 +16,7 @@ from pysched.protocols import JobExists, PlannedRun
 from pysched.registry import register_many
 from pysched.stores.cassandra import CassandraScheduleStore, connect, ensure_schema
 from pysched.stores.cassandra_job_ids import REGISTERING_GRACE_MS, bucket_of
+from pysched.stores.cql_tables import DriverTables
 from tests.conftest import cluster_config_for
 
 pytestmark = pytest.mark.cluster
@@ -44,12 +45,12 @@ class TimingOutFirst:
 
 
 @pytest.fixture
-def session_and_config(services: dict[str, Any], keyspace: str) -> Iterator[tuple[Any, Any]]:
+def tables_and_config(services: dict[str, Any], keyspace: str) -> Iterator[tuple[Any, Any]]:
     config = cluster_config_for(services, keyspace, partitions=4, kafka_partitions=2)
-    session = connect(config)
-    ensure_schema(session, config, time.time_ns() // 1_000_000)
-    yield session, config
-    session.cluster.shutdown()
+    tables = connect(config)
+    ensure_schema(tables, config, time.time_ns() // 1_000_000)
+    yield tables, config
+    tables.shutdown()
 
 
 def job(job_id: str) -> Job:
@@ -63,11 +64,11 @@ def job(job_id: str) -> Job:
 
 
 def test_timed_out_registrations_are_tried_again_and_their_own_rows_recognised(
-    session_and_config: tuple[Any, Any],
+    tables_and_config: tuple[Any, Any],
 ) -> None:
-    session, config = session_and_config
-    flaky = TimingOutFirst(session, n=0)
-    store = CassandraScheduleStore(flaky, config)  # type: ignore[arg-type]
+    tables, config = tables_and_config
+    flaky = TimingOutFirst(tables.session, n=0)
+    store = CassandraScheduleStore(DriverTables(flaky), config)
     flaky.n = 40
     now = 1_900_000_000_000
     jobs = [job(f"j{k:03d}") for k in range(100)]
@@ -89,10 +90,10 @@ def far_run() -> PlannedRun:
 
 
 def test_two_bulk_registrations_racing_on_the_same_ids_register_each_once(
-    session_and_config: tuple[Any, Any],
+    tables_and_config: tuple[Any, Any],
 ) -> None:
-    session, config = session_and_config
-    store = CassandraScheduleStore(session, config)
+    tables, config = tables_and_config
+    store = CassandraScheduleStore(tables, config)
     now = 1_900_000_000_000
     first = [job(f"race-{k:04d}") for k in range(0, 600)]
     second = [job(f"race-{k:04d}") for k in range(300, 900)]
@@ -104,25 +105,25 @@ def test_two_bulk_registrations_racing_on_the_same_ids_register_each_once(
     assert len(store.list_jobs()) == 900
 
 
-def test_an_id_listed_twice_in_one_call_is_registered_once(session_and_config: tuple[Any, Any]) -> None:
-    session, config = session_and_config
-    store = CassandraScheduleStore(session, config)
+def test_an_id_listed_twice_in_one_call_is_registered_once(tables_and_config: tuple[Any, Any]) -> None:
+    tables, config = tables_and_config
+    store = CassandraScheduleStore(tables, config)
     assert register_many(store, [job("twice"), job("once"), job("twice")], 1_900_000_000_000) == ["twice"]
     assert sorted(r.job.id for r in store.list_jobs()) == ["once", "twice"]
 
 
 def test_an_id_held_by_a_registration_that_died_is_taken_over_after_the_grace(
-    session_and_config: tuple[Any, Any],
+    tables_and_config: tuple[Any, Any],
 ) -> None:
-    session, config = session_and_config
-    store = CassandraScheduleStore(session, config)
+    tables, config = tables_and_config
+    store = CassandraScheduleStore(tables, config)
     now = 1_900_000_000_000
-    claim = session.prepare(
+    claim = tables.prepare(
         f"INSERT INTO {config.keyspace}.job_ids (bucket, job_id, owner, claimed_at_ms) VALUES (?, ?, 'dead', ?)"
     )
     # Claimed, its job never written: one just now, one past the grace.
-    session.execute(claim, (bucket_of("recent"), "recent", now - 1_000))
-    session.execute(claim, (bucket_of("stale"), "stale", now - REGISTERING_GRACE_MS - 1))
+    tables.execute(claim, (bucket_of("recent"), "recent", now - 1_000))
+    tables.execute(claim, (bucket_of("stale"), "stale", now - REGISTERING_GRACE_MS - 1))
     with pytest.raises(JobExists):
         store.add_job(job("recent"), 0, 0, far_run(), now)
     assert register_many(store, [job("recent"), job("stale")], now) == ["recent"]
@@ -130,43 +131,43 @@ def test_an_id_held_by_a_registration_that_died_is_taken_over_after_the_grace(
     assert [r.job.id for r in store.list_jobs()] == ["stale"]
 
 
-def test_jobs_registered_before_ids_were_claimed_keep_their_ids(session_and_config: tuple[Any, Any]) -> None:
+def test_jobs_registered_before_ids_were_claimed_keep_their_ids(tables_and_config: tuple[Any, Any]) -> None:
     """A keyspace whose jobs predate the id table: ensure_schema claims
     their ids once, so that none is registered a second time."""
-    session, config = session_and_config
+    tables, config = tables_and_config
     ks = config.keyspace
-    session.execute(
+    tables.execute(
         f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms)"
         " VALUES ('older', %s, 'active', 0, 0, 1, 1)",
         (job("older").model_dump_json(),),
     )
-    session.execute(f"DELETE FROM {ks}.meta WHERE name = 'job_ids_backfilled'")
-    ensure_schema(session, config, 1_900_000_000_000)
-    store = CassandraScheduleStore(session, config)
+    tables.execute(f"DELETE FROM {ks}.meta WHERE name = 'job_ids_backfilled'")
+    ensure_schema(tables, config, 1_900_000_000_000)
+    store = CassandraScheduleStore(tables, config)
     assert register_many(store, [job("older"), job("newer")], 1_900_000_000_000) == ["older"]
     with pytest.raises(JobExists):
         store.add_job(job("older"), 0, 0, far_run(), 1_900_000_000_000)
 
 
 def test_a_cancelled_id_another_registration_has_just_taken_is_not_taken_from_it(
-    session_and_config: tuple[Any, Any],
+    tables_and_config: tuple[Any, Any],
 ) -> None:
     """Two clients register a cancelled job's id at once: the first has
     taken the id's claim and not yet written its job (the row still says
     cancelled); the second must be refused, not take the claim over and
     delete what the first is writing. Past the grace, a first that died is
     taken over."""
-    session, config = session_and_config
-    store = CassandraScheduleStore(session, config)
+    tables, config = tables_and_config
+    store = CassandraScheduleStore(tables, config)
     now = 1_900_000_000_000
     for job_id in ("busy", "died"):
         register_many(store, [job(job_id)], now - 10 * REGISTERING_GRACE_MS)
         store.cancel_job(job_id, now - 10 * REGISTERING_GRACE_MS)
-    take = session.prepare(
+    take = tables.prepare(
         f"UPDATE {config.keyspace}.job_ids SET owner = 'first', claimed_at_ms = ? WHERE bucket = ? AND job_id = ?"
     )
-    session.execute(take, (now - 1_000, bucket_of("busy"), "busy"))
-    session.execute(take, (now - REGISTERING_GRACE_MS - 1, bucket_of("died"), "died"))
+    tables.execute(take, (now - 1_000, bucket_of("busy"), "busy"))
+    tables.execute(take, (now - REGISTERING_GRACE_MS - 1, bucket_of("died"), "died"))
     with pytest.raises(JobExists, match="being registered by another client"):
         store.add_job(job("busy"), 0, 0, far_run(), now)
     assert store.get_job("busy").state == "cancelled"

@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cassandra.query import BatchStatement, BatchType, named_tuple_factory
+from cassandra.query import named_tuple_factory
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pysched.stores.cassandra import connect, ensure_schema
 from pysched.stores.cassandra_rows import NotConditional, applied, clean_column_name, named_rows
+from pysched.stores.cql_tables import DriverTables, Rows
 from tests.conftest import cluster_config_for
 
 COLUMN_NAMES = st.lists(
@@ -51,54 +52,49 @@ def test_rows_read_as_the_driver_s_own_factory_reads_them(names: list[str]) -> N
 
 
 @pytest.fixture
-def session(services: dict[str, Any], keyspace: str) -> Iterator[Any]:
+def tables(services: dict[str, Any], keyspace: str) -> Iterator[DriverTables]:
     config = cluster_config_for(services, keyspace, partitions=2, kafka_partitions=2)
-    session = connect(config)
-    ensure_schema(session, config, time.time_ns() // 1_000_000)
-    session.execute(f"CREATE TABLE IF NOT EXISTS {keyspace}.kv (k text, c int, v text, PRIMARY KEY ((k), c))")
-    session.set_keyspace(keyspace)
-    yield session
-    session.cluster.shutdown()
+    tables = connect(config)
+    ensure_schema(tables, config, time.time_ns() // 1_000_000)
+    tables.execute(f"CREATE TABLE IF NOT EXISTS {keyspace}.kv (k text, c int, v text, PRIMARY KEY ((k), c))")
+    tables.session.set_keyspace(keyspace)
+    yield tables
+    tables.shutdown()
 
 
 @pytest.mark.cluster
-def test_a_lightweight_transaction_s_outcome_is_read(session: Any) -> None:
-    insert = session.prepare("INSERT INTO kv (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS")
-    assert applied(session.execute(insert, ("a", 1, "first")))
-    refused = session.execute(insert, ("a", 1, "second"))
+def test_a_lightweight_transaction_s_outcome_is_read(tables: DriverTables) -> None:
+    insert = tables.prepare("INSERT INTO kv (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS")
+    assert applied(tables.execute(insert, ("a", 1, "first")))
+    refused = tables.execute(insert, ("a", 1, "second"))
     assert not applied(refused)
     # The row in the way comes back by name, as the driver's factory gives it.
     assert refused.one().v == "first"
-    update = session.prepare("UPDATE kv SET v = ? WHERE k = ? AND c = ? IF v = ?")
-    assert applied(session.execute(update, ("third", "a", 1, "first")))
-    assert not applied(session.execute(update, ("fourth", "a", 1, "first")))
+    update = tables.prepare("UPDATE kv SET v = ? WHERE k = ? AND c = ? IF v = ?")
+    assert applied(tables.execute(update, ("third", "a", 1, "first")))
+    assert not applied(tables.execute(update, ("fourth", "a", 1, "first")))
 
 
 @pytest.mark.cluster
-def test_a_conditional_batch_s_outcome_is_read(session: Any) -> None:
-    insert = session.prepare("INSERT INTO kv (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS")
+def test_a_conditional_batch_s_outcome_is_read(tables: DriverTables) -> None:
+    insert = tables.prepare("INSERT INTO kv (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS")
 
-    def batch(*clusterings: int) -> BatchStatement:
-        statement = BatchStatement(BatchType.LOGGED)
-        for c in clusterings:
-            statement.add(insert, ("b", c, f"v{c}"))
-        return statement
+    def batch(*clusterings: int) -> Rows:
+        return tables.batch([(insert, ("b", c, f"v{c}")) for c in clusterings], logged=True)
 
-    assert applied(session.execute(batch(1, 2)))
-    refused = session.execute(batch(2, 3))
+    assert applied(batch(1, 2))
+    refused = batch(2, 3)
     assert not applied(refused)
     assert [row.c for row in refused.current_rows] == [2]
 
 
 @pytest.mark.cluster
-def test_a_result_no_transaction_gave_is_refused(session: Any) -> None:
-    session.execute("INSERT INTO kv (k, c, v) VALUES ('c', 1, 'x')")
-    session.execute("INSERT INTO kv (k, c, v) VALUES ('c', 2, 'y')")
+def test_a_result_no_transaction_gave_is_refused(tables: DriverTables) -> None:
+    tables.execute("INSERT INTO kv (k, c, v) VALUES ('c', 1, 'x')")
+    tables.execute("INSERT INTO kv (k, c, v) VALUES ('c', 2, 'y')")
     with pytest.raises(NotConditional):
-        applied(session.execute("SELECT * FROM kv WHERE k = 'c'"))
+        applied(tables.execute("SELECT * FROM kv WHERE k = 'c'"))
     with pytest.raises(NotConditional):  # one row, but no [applied] column
-        applied(session.execute("SELECT * FROM kv WHERE k = 'c' AND c = 1"))
-    plain = BatchStatement(BatchType.LOGGED)
-    plain.add("INSERT INTO kv (k, c, v) VALUES ('c', 3, 'z')")
+        applied(tables.execute("SELECT * FROM kv WHERE k = 'c' AND c = 1"))
     with pytest.raises(NotConditional):
-        applied(session.execute(plain))
+        applied(tables.batch([("INSERT INTO kv (k, c, v) VALUES ('c', 3, 'z')", None)], logged=True))

@@ -38,8 +38,8 @@ def _run_states(cluster: Cluster) -> Counter[str]:
     """Every run's state, read from the runs table itself."""
     backends = open_cluster(cluster.config, coordinator=False)
     try:
-        session: Any = backends.store.session  # type: ignore[attr-defined]
-        rows = session.execute(f"SELECT state FROM {cluster.config.keyspace}.runs", timeout=30)
+        tables: Any = backends.store.tables  # type: ignore[attr-defined]
+        rows = tables.execute(f"SELECT state FROM {cluster.config.keyspace}.runs", timeout=30)
         return Counter(row.state for row in rows)
     finally:
         backends.close()

@@ -952,7 +952,7 @@ def _claim_state(backend: Backend, key: str) -> str | None:
         found = store.db.connection().execute("SELECT state FROM claims WHERE idem_key = ?", (key,)).fetchone()
         return None if found is None else str(found[0])
     query = f"SELECT state FROM {store.keyspace}.claims WHERE idem_key = %s"
-    stored = store.session.execute(query, (key,)).one()
+    stored = store.tables.execute(query, (key,)).one()
     return None if stored is None else str(stored.state)
 
 

@@ -93,7 +93,7 @@ def _expires_in_s(backend: Backend, key: str) -> int | None:
     has none)."""
     store: Any = backend.store
     query = f"SELECT TTL(state) AS left_s FROM {store.keyspace}.claims WHERE idem_key = %s"
-    row = store.session.execute(query, (key,)).one()
+    row = store.tables.execute(query, (key,)).one()
     return None if row is None or row.left_s is None else int(row.left_s)
 
 

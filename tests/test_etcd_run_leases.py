@@ -51,7 +51,7 @@ def now_ms() -> int:
 
 def updated_at(claims: RedisCassandraClaims, key: str) -> int:
     keyspace = claims.prefix.split(":", 1)[1]
-    row = claims.session.execute(f"SELECT updated_at_ms FROM {keyspace}.claims WHERE idem_key = %s", (key,))
+    row = claims.tables.execute(f"SELECT updated_at_ms FROM {keyspace}.claims WHERE idem_key = %s", (key,))
     return int(row.one().updated_at_ms)
 
 

@@ -29,16 +29,16 @@ PARTITION = 2
 
 
 class AfterFloorRead:
-    """The claims' Cassandra session, running ``then`` once, right after
+    """The claims' Cassandra tables, running ``then`` once, right after
     the first read of a durable floor has been answered."""
 
     def __init__(self, claims: RedisCassandraClaims, then: Callable[[], None]) -> None:
-        self._session = claims.session
+        self._tables = claims.tables
         self._read_floor = claims._read_floor
         self._then: Callable[[], None] | None = then
 
     def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
-        result = self._session.execute(statement, *args, **kwargs)
+        result = self._tables.execute(statement, *args, **kwargs)
         if statement is self._read_floor and self._then is not None:
             then, self._then = self._then, None
             then()
@@ -68,7 +68,7 @@ def test_a_raise_between_the_durable_read_and_the_seeding_is_kept(cluster: Backe
     forget_fast_path(claims)
     # A claim under fence 5 reads the durable floor (5); before it seeds
     # Redis with that, a new leader raises 6.
-    claims.session = AfterFloorRead(claims, lambda: claims.raise_fence(PARTITION, 6))
+    claims.tables = AfterFloorRead(claims, lambda: claims.raise_fence(PARTITION, 6))
     assert claims.claim(run(1, 5), "w1", 0, 30_000).outcome is ClaimOutcome.CLAIMED
     stale = claims.claim(run(2, 5), "w1", 0, 30_000)
     assert (stale.outcome, stale.fence_floor) == (ClaimOutcome.FENCED, 6)
@@ -85,7 +85,7 @@ def test_a_seeding_that_outlived_another_loss_is_refused(cluster: Backends) -> N
         claims.raise_fence(PARTITION, 6)
         forget_fast_path(claims)
 
-    claims.session = AfterFloorRead(claims, raise_then_lose)
+    claims.tables = AfterFloorRead(claims, raise_then_lose)
     assert claims.claim(run(1, 5), "w1", 0, 30_000).outcome is ClaimOutcome.CLAIMED
     stale = claims.claim(run(2, 5), "w1", 0, 30_000)
     assert (stale.outcome, stale.fence_floor) == (ClaimOutcome.FENCED, 6)

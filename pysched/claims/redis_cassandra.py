@@ -69,13 +69,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
-from cassandra.cluster import Session
 
 from pysched.config import ClusterConfig
 from pysched.coord.run_leases import EtcdRunLeases, Holding
 from pysched.protocols import PRUNED_STATE, Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
 from pysched.records import DispatchRecord
 from pysched.stores.cassandra_rows import applied
+from pysched.stores.cql_tables import CqlTables
 
 # A floor key is a hash: ``floor``, and ``unverified`` (an epoch) while no
 # claim has confirmed it against Cassandra since Redis last lost it. Fences
@@ -139,9 +139,9 @@ FENCES_TABLE = (
 )
 
 
-def ensure_fence_table(session: Session, keyspace: str) -> None:
-    session.execute(FENCES_TABLE.format(ks=keyspace), timeout=60)
-    session.cluster.control_connection.wait_for_schema_agreement(wait_time=30)
+def ensure_fence_table(tables: CqlTables, keyspace: str) -> None:
+    tables.execute(FENCES_TABLE.format(ks=keyspace), timeout=60)
+    tables.agree_on_schema()
 
 
 DONE_TTL_S = 7 * 86_400
@@ -152,10 +152,10 @@ _Reply = TypeVar("_Reply")
 
 class RedisCassandraClaims:
     def __init__(
-        self, redis_client: redis.Redis, session: Session, config: ClusterConfig, run_leases: EtcdRunLeases
+        self, redis_client: redis.Redis, tables: CqlTables, config: ClusterConfig, run_leases: EtcdRunLeases
     ) -> None:
         self.redis = redis_client
-        self.session = session
+        self.tables = tables
         self.run_leases = run_leases
         self.prefix = f"pysched:{config.keyspace}"
         self._claim_script = redis_client.register_script(_CLAIM)
@@ -166,8 +166,8 @@ class RedisCassandraClaims:
         self._epoch_prefix = secrets.token_hex(8)
         self._epochs = itertools.count()
         ks = config.keyspace
-        ensure_fence_table(session, ks)
-        p = session.prepare
+        ensure_fence_table(tables, ks)
+        p = tables.prepare
         # Plain QUORUM writes and reads: a set only grows, so there is no
         # condition to check, and a quorum read sees every acknowledged raise.
         self._record_fence = p(f"INSERT INTO {ks}.claim_fences (partition, fence) VALUES (?, ?)")
@@ -236,13 +236,13 @@ class RedisCassandraClaims:
         if fast == "held":
             return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=int(reply[2]))
         if fast == "done":
-            row = self.session.execute(self._read, (key,)).one()
+            row = self.tables.execute(self._read, (key,)).one()
             if row is not None and row.state == PRUNED_STATE:
                 # Redis's marker outlived the history (retention.py).
                 return Claim(ClaimOutcome.PRUNED, fence_floor=floor)
             return Claim(ClaimOutcome.SUCCEEDED, result=row.result if row else None, fence_floor=floor)
         # Redis let us through; Cassandra decides.
-        res = self.session.execute(
+        res = self.tables.execute(
             self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms, record.attempt)
         )
         if applied(res):
@@ -257,7 +257,7 @@ class RedisCassandraClaims:
         marker with; ``epoch`` None: no marker, Redis failed). ``fast_floor``
         holds only raised fences, so it counts too. No Redis claim is taken:
         Cassandra's LWT decides alone."""
-        row = self.session.execute(self._read_floor, (record.partition,)).one()
+        row = self.tables.execute(self._read_floor, (record.partition,)).one()
         durable = 0 if row is None else int(row.fence)
         if epoch is not None:
             marker = self._floor_key(record.partition)
@@ -270,7 +270,7 @@ class RedisCassandraClaims:
             return Claim(ClaimOutcome.FENCED, fence_floor=floor)
         floor = record.fence
         key = record.idempotency_key
-        res = self.session.execute(
+        res = self.tables.execute(
             self._insert, (key, record.run_id, holder, record.fence, now_ms + lease_ms, now_ms, record.attempt)
         )
         if applied(res):
@@ -311,7 +311,7 @@ class RedisCassandraClaims:
             left_ms = self.run_leases.held_for_ms(key)
             until_ms = None if left_ms is None else now_ms + left_ms
             return Claim(ClaimOutcome.BUSY, fence_floor=floor, busy_until_ms=until_ms)
-        res = self.session.execute(
+        res = self.tables.execute(
             self._take_over,
             (
                 holder,
@@ -328,7 +328,7 @@ class RedisCassandraClaims:
         if applied(res):
             # Read once the claim is ours: the former holder can no longer
             # write one, so this is its last.
-            saved = self.session.execute(self._read_checkpoint, (key,)).one()
+            saved = self.tables.execute(self._read_checkpoint, (key,)).one()
             checkpoint = None if saved is None else saved.checkpoint
             failure = row.result if row.state == "failed" else None
             return Claim(ClaimOutcome.TAKEN_OVER, fence_floor=floor, checkpoint=checkpoint, failure=failure)
@@ -352,7 +352,7 @@ class RedisCassandraClaims:
                 # Taken while the row is still this holder's: from now on no
                 # taker passes the key. If the row is not, it was taken over
                 # before (this worker stalled past its first lease).
-                if applied(self.session.execute(self._extend, (now_ms + lease_ms, now_ms, key, holder))):
+                if applied(self.tables.execute(self._extend, (now_ms + lease_ms, now_ms, key, holder))):
                     holding = Holding.HELD
                 else:
                     self.run_leases.let_go([key])
@@ -366,7 +366,7 @@ class RedisCassandraClaims:
         return not_extended
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
-        res = self.session.execute(self._complete, (completed_state(succeeded, result), result, now_ms, key, holder))
+        res = self.tables.execute(self._complete, (completed_state(succeeded, result), result, now_ms, key, holder))
         try:
             self.run_leases.let_go([key])
         except Exception as exc:
@@ -385,13 +385,13 @@ class RedisCassandraClaims:
         return True
 
     def failed_claim(self, key: str) -> FailedClaim | None:
-        row = self.session.execute(self._read, (key,)).one()
+        row = self.tables.execute(self._read, (key,)).one()
         if row is None or row.state != "failed" or row.result is None:
             return None
         return FailedClaim(int(row.delivery or 0), str(row.result))
 
     def unfinished_claim(self, key: str, now_ms: int) -> ClaimHolder | None:
-        row = self.session.execute(self._read, (key,)).one()
+        row = self.tables.execute(self._read, (key,)).one()
         if row is None or row.state != "running":
             return None
         holder, fence = str(row.holder), int(row.fence or 0)
@@ -407,14 +407,14 @@ class RedisCassandraClaims:
     def save_checkpoint(self, key: str, holder: str, state: str, now_ms: int) -> bool:
         # A lightweight transaction on the claim's row: a take-over and this
         # write are ordered by Paxos, and only the holder's is applied.
-        return applied(self.session.execute(self._save_checkpoint, (state, now_ms, key, holder)))
+        return applied(self.tables.execute(self._save_checkpoint, (state, now_ms, key, holder)))
 
     def raise_fence(self, partition: int, fence: int) -> None:
         # Cassandra first: a verified Redis floor relies on every raise that
         # reached Redis being durable already (see the module's docstring).
         # A failed Redis step still raises: a Redis this process cannot
         # reach may be up for others, its floor verified and now behind.
-        self.session.execute(self._record_fence, (partition, fence))
+        self.tables.execute(self._record_fence, (partition, fence))
         self._raise_script(keys=[self._floor_key(partition)], args=[fence])
 
 

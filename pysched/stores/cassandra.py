@@ -40,10 +40,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
-from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from pysched import overlap
 from pysched.config import ClusterConfig, host_port
@@ -95,6 +93,7 @@ from pysched.stores import cassandra_breakers as breaker_tables
 from pysched.stores import cassandra_job_ids as job_id_tables
 from pysched.stores import cassandra_slots as slot_tables
 from pysched.stores.cassandra_rows import applied, named_rows
+from pysched.stores.cql_tables import Batch, Bound, CqlTables, DriverTables, Prepared
 
 log = logging.getLogger("pysched.cassandra")
 
@@ -152,7 +151,9 @@ def prunable(
     return set(out[-limit:]) if limit > 0 else set()
 
 
-def connect(config: ClusterConfig) -> Session:
+def connect(config: ClusterConfig) -> DriverTables:
+    """The cluster's tables, over a driver session of the store's profile
+    (QUORUM writes and reads, SERIAL transactions, 15 s requests)."""
     host, port = host_port(config.cassandra, 9042)
     profile = ExecutionProfile(
         load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
@@ -170,7 +171,7 @@ def connect(config: ClusterConfig) -> Session:
         protocol_version=5,
     )
     try:
-        return cluster.connect()
+        return DriverTables(cluster.connect())
     except NoHostAvailable as exc:
         cluster.shutdown()
         raise BackendUnavailable(f"cassandra at {host}:{port} is unreachable: {exc}") from None
@@ -239,22 +240,22 @@ SCHEMA = [
 ]
 
 
-def ensure_schema(session: Session, config: ClusterConfig, now_ms: int) -> int:
+def ensure_schema(tables: CqlTables, config: ClusterConfig, now_ms: int) -> int:
     """Create what is missing; returns the keyspace's partition count.
     Every partition gets a watermark at creation (``now_ms``): no run can be
     due before the schedule that holds it existed. Raises PartitionsMismatch if the
     configuration names another count than the keyspace's, which is left
     as it was."""
     for statement in SCHEMA:
-        session.execute(statement.format(ks=config.keyspace, rf=config.replication_factor), timeout=60)
-    session.cluster.control_connection.wait_for_schema_agreement(wait_time=30)
-    known = {r.partition for r in session.execute(f"SELECT partition FROM {config.keyspace}.watermarks")}
+        tables.execute(statement.format(ks=config.keyspace, rf=config.replication_factor), timeout=60)
+    tables.agree_on_schema()
+    known = {r.partition for r in tables.execute(f"SELECT partition FROM {config.keyspace}.watermarks")}
     # A keyspace made before the count was stored: its watermarks were
     # written for the partitions its clients were configured with, which is
     # what its nodes led; a configuration that names a count knows better.
     unrecorded = config.partitions or (max(known) + 1 if known else DEFAULT_PARTITIONS)
-    partitions = _settle_partitions(session, config.keyspace, unrecorded)
-    job_id_tables.backfill(session, config.keyspace)
+    partitions = _settle_partitions(tables, config.keyspace, unrecorded)
+    job_id_tables.backfill(tables, config.keyspace)
     if config.partitions is not None and config.partitions != partitions:
         raise PartitionsMismatch(f"keyspace {config.keyspace!r}", config.partitions, partitions)
     missing = [p for p in range(partitions) if p not in known]
@@ -262,35 +263,35 @@ def ensure_schema(session: Session, config: ClusterConfig, now_ms: int) -> int:
         start = now_ms - SETTLE_MS
         # Write timestamp 1: any real write wins over it, so this creates the
         # row without a Paxos round that nodes starting together contend on.
-        insert = session.prepare(
+        insert = tables.prepare(
             f"INSERT INTO {config.keyspace}.watermarks (partition, fired_through_ms, fence) VALUES (?, ?, 0)"
             " USING TIMESTAMP 1"
         )
         for p in missing:
-            session.execute(insert, (p, start))
+            tables.execute(insert, (p, start))
     return partitions
 
 
-def stored_partitions(session: Session, keyspace: str) -> int | None:
+def stored_partitions(tables: CqlTables, keyspace: str) -> int | None:
     """The keyspace's partition count, None before ensure_schema wrote it."""
-    row = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'partitions'").one()
+    row = tables.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'partitions'").one()
     return None if row is None else int(row.value)
 
 
-def _settle_partitions(session: Session, keyspace: str, count: int) -> int:
+def _settle_partitions(tables: CqlTables, keyspace: str, count: int) -> int:
     """The keyspace's count, writing ``count`` if it has none. A lightweight
     transaction: of clients creating the keyspace together, one count wins
     and all of them read it. Only the first open of a keyspace gets past
     the plain read."""
     insert = f"INSERT INTO {keyspace}.meta (name, value) VALUES ('partitions', %s) IF NOT EXISTS"
     for _ in range(_CAS_ATTEMPTS):
-        stored = stored_partitions(session, keyspace)
+        stored = stored_partitions(tables, keyspace)
         if stored is not None:
             return stored
         # Applied or not, the transaction leaves a committed count for the
         # read that follows; one that timed out may not have, and is tried again.
         with suppress(*_AMBIGUOUS):
-            session.execute(insert, (count,))
+            tables.execute(insert, (count,))
     raise BackendUnavailable(f"cassandra: could not record the partition count of keyspace {keyspace}")
 
 
@@ -324,24 +325,24 @@ class _Registered:
 
 
 class CassandraScheduleStore:
-    def __init__(self, session: Session, config: ClusterConfig) -> None:
-        self.session = session
+    def __init__(self, tables: CqlTables, config: ClusterConfig) -> None:
+        self.tables = tables
         # The keyspace's count, not the configuration's: the partitions
         # every node leads (ensure_schema writes it, and checks the
         # configuration against it).
-        stored = stored_partitions(session, config.keyspace)
+        stored = stored_partitions(tables, config.keyspace)
         if stored is None:
             raise BackendUnavailable(f"cassandra: keyspace {config.keyspace} has no partition count; run ensure_schema")
         self.partitions = stored
         self.keyspace = ks = config.keyspace
-        p = session.prepare
+        p = tables.prepare
         # A registration's job row, written whole once its id is claimed
         # (cassandra_job_ids), in one logged batch with its first run.
         self._write_job = p(
             f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms,"
             " next_run_at_ms, next_due_ms, runs_since_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        self._job_ids = job_id_tables.JobIdClaims(session, ks)
+        self._job_ids = job_id_tables.JobIdClaims(tables, ks)
         # What goes of a cancelled job whose id a new job takes.
         self._job_runs = p(
             f"SELECT run_at_ms, attempt_group, state, dispatched_at_ms, partition, dead_at_ms, due_ms, run_id"
@@ -554,8 +555,8 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.runs SET state = 'parked', due_ms = ?, delivery = ?, error = ?, run_id = ?, partition = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
-        self._breakers = breaker_tables.CassandraBreakers(session, ks)
-        self._slots = slot_tables.CassandraSlots(session, ks, self._wake_waiting)
+        self._breakers = breaker_tables.CassandraBreakers(tables, ks)
+        self._slots = slot_tables.CassandraSlots(tables, ks, self._wake_waiting)
         self._wm_cache: dict[int, int] = {}
 
     # -- registration ---------------------------------------------------------
@@ -607,8 +608,9 @@ class CassandraScheduleStore:
         stored: dict[str, tuple[str, PlannedRun | None]] = {}
         placed: dict[str, tuple[int, PlannedRun]] = {}
         partitions: set[int] = set()
-        batches: list[tuple[BatchStatement, None]] = []
-        batch, size = BatchStatement(batch_type=BatchType.LOGGED), 0
+        batches: list[Batch] = []
+        batch: list[Bound] = []
+        size = 0
         for job_id, (job, partition, jitter_ms, first) in firsts.items():
             if job_id in existing or job_id in refused:
                 continue
@@ -617,22 +619,24 @@ class CassandraScheduleStore:
             state = "active" if first else "completed"
             spec = job.model_dump_json()
             if size and size + len(spec) > _REGISTRATION_BATCH_BYTES:
-                batches.append((batch, None))
-                batch, size = BatchStatement(batch_type=BatchType.LOGGED), 0
-            batch.add(
-                self._write_job,
+                batches.append(Batch(batch, logged=True))
+                batch, size = [], 0
+            batch.append(
                 (
-                    job_id,
-                    spec,
-                    state,
-                    partition,
-                    jitter_ms,
-                    now_ms,
-                    now_ms,
-                    first.run_at_ms if first else None,
-                    first.due_ms if first else None,
-                    runs_since.get(job_id),
-                ),
+                    self._write_job,
+                    (
+                        job_id,
+                        spec,
+                        state,
+                        partition,
+                        jitter_ms,
+                        now_ms,
+                        now_ms,
+                        first.run_at_ms if first else None,
+                        first.due_ms if first else None,
+                        runs_since.get(job_id),
+                    ),
+                )
             )
             size += len(spec) + _ROWS_BYTES
             if first is not None:
@@ -643,8 +647,8 @@ class CassandraScheduleStore:
             if is_near(first, now_ms) or first != planned:
                 partitions.add(partition)
         if size:
-            batches.append((batch, None))
-        for ok, result in execute_concurrent(self.session, batches, concurrency=128):
+            batches.append(Batch(batch, logged=True))
+        for ok, result in self.tables.execute_many(batches, concurrency=128):
             if not ok:
                 raise result
         self._concurrent(self._bump, [(p,) for p in sorted(partitions)])
@@ -660,7 +664,7 @@ class CassandraScheduleStore:
         if not held:
             return {}
         ids = list(held)
-        rows = execute_concurrent_with_args(self.session, self._job_state, [(j,) for j in ids], concurrency=64)
+        rows = self.tables.execute_many([(self._job_state, (j,)) for j in ids], concurrency=64)
         existing: dict[str, str] = {}
         for job_id, (ok, result) in zip(ids, rows, strict=True):
             if not ok:
@@ -693,11 +697,11 @@ class CassandraScheduleStore:
         in_flight = held.claimed_at_ms != self._row(job_id).created_at_ms
         if in_flight and held.claimed_at_ms > now_ms - job_id_tables.REGISTERING_GRACE_MS:
             raise JobExists(f"job {job_id!r} is being registered by another client")
-        runs = list(self.session.execute(self._job_runs, (job_id,)))
+        runs = list(self.tables.execute(self._job_runs, (job_id,)))
         runs_since = replaced_runs(job_id, [(r.run_at_ms, r.state, r.dispatched_at_ms) for r in runs], first, now_ms)
         if not self._job_ids.take_over(held, owner, now_ms):
             return False
-        deletes: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        deletes: list[tuple[Prepared, tuple[Any, ...]]] = []
         for r in runs:
             deletes.append((self._delete_claim, (idempotency_key(job_id, r.run_at_ms, r.attempt_group),)))
             # Its schedule row, where the run row says it is due (a retry's
@@ -709,7 +713,7 @@ class CassandraScheduleStore:
                     (self._delete_dead_letter, (r.partition, r.dead_at_ms, job_id, r.run_at_ms, r.attempt_group))
                 )
         deletes += [(s, (job_id,)) for s in (self._delete_job_runs, self._delete_job_missed, self._delete_job_slot)]
-        for ok, result in execute_concurrent(self.session, deletes, concurrency=64):
+        for ok, result in self.tables.execute_many(deletes, concurrency=64):
             if not ok:
                 raise result
         since[job_id] = runs_since
@@ -721,7 +725,7 @@ class CassandraScheduleStore:
         replaced (protocols.of_replaced_job): nothing of it is written.
         Read only for a record that found no row (its own run's row is
         written when it is planned)."""
-        row = self.session.execute(self._runs_since, (job_id,)).one()
+        row = self.tables.execute(self._runs_since, (job_id,)).one()
         return row is not None and run_at_ms < (row.runs_since_ms or 0)
 
     def reschedule(self, job: Job, jitter_ms: int, first: PlannedRun | None, now_ms: int) -> JobRecord:
@@ -734,7 +738,7 @@ class CassandraScheduleStore:
         self._cancel_handed_on(job.id, now_ms)
         if first is not None:
             self._write_run(job.id, current.partition, first)
-        res = self.session.execute(
+        res = self.tables.execute(
             self._reschedule_job,
             (
                 job.model_dump_json(),
@@ -750,7 +754,7 @@ class CassandraScheduleStore:
             raise JobNotActive(f"job {job.id!r} is {res.one().state}")
         if current.next_run_at_ms is not None and (first is None or first.run_at_ms != current.next_run_at_ms):
             self._drop_pending(job.id, current.partition, current.next_run_at_ms, current.next_due_ms, now_ms)
-        self.session.execute(self._bump, (current.partition,))
+        self.tables.execute(self._bump, (current.partition,))
         if first is not None:
             self._keep_ahead({job.id: (current.partition, first)})
         return self.get_job(job.id)
@@ -759,19 +763,19 @@ class CassandraScheduleStore:
         current = self._row(job_id)
         if current.state == "cancelled":
             raise JobNotActive(f"job {job_id!r} is already cancelled")
-        res = self.session.execute(self._set_job_state, ("cancelled", now_ms, job_id, current.state))
+        res = self.tables.execute(self._set_job_state, ("cancelled", now_ms, job_id, current.state))
         if not applied(res):
             raise JobNotActive(f"job {job_id!r} changed while cancelling; try again")
         if current.next_run_at_ms is not None:
             self._drop_pending(job_id, current.partition, current.next_run_at_ms, current.next_due_ms, now_ms)
-        self.session.execute(self._bump, (current.partition,))
+        self.tables.execute(self._bump, (current.partition,))
         return self.get_job(job_id)
 
     def pause_job(self, job_id: str, now_ms: int) -> JobRecord:
         current = self._row(job_id)
         if current.state != "active":
             raise JobNotActive(f"job {job_id!r} is {current.state}, not active")
-        res = self.session.execute(self._pause_job, (now_ms, job_id))
+        res = self.tables.execute(self._pause_job, (now_ms, job_id))
         if not applied(res):
             raise JobNotActive(f"job {job_id!r} is {res.one().state}, not active")
         if current.next_run_at_ms is not None:
@@ -779,9 +783,9 @@ class CassandraScheduleStore:
             # and the job's pointer say which run it was, for the resume.
             run_id = run_id_for(job_id, current.next_run_at_ms, 0)
             due_ms = current.next_due_ms
-            self.session.execute(self._delete_schedule, (due_ms // BUCKET_MS, current.partition, due_ms, run_id))
-            self.session.execute(self._hold_run, (job_id, current.next_run_at_ms))
-        self.session.execute(self._bump, (current.partition,))
+            self.tables.execute(self._delete_schedule, (due_ms // BUCKET_MS, current.partition, due_ms, run_id))
+            self.tables.execute(self._hold_run, (job_id, current.next_run_at_ms))
+        self.tables.execute(self._bump, (current.partition,))
         return self.get_job(job_id)
 
     def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
@@ -792,8 +796,8 @@ class CassandraScheduleStore:
         if first is not None:
             self._write_run(job_id, current.partition, first)
         if missed is not None:
-            self.session.execute(self._insert_missed, _missed_row(missed))
-        res = self.session.execute(
+            self.tables.execute(self._insert_missed, _missed_row(missed))
+        res = self.tables.execute(
             self._resume_job,
             (
                 "active" if first else "completed",
@@ -807,8 +811,8 @@ class CassandraScheduleStore:
             raise JobNotActive(f"job {job_id!r} is {res.one().state}, not paused")
         held = current.next_run_at_ms
         if held is not None and (first is None or first.run_at_ms != held):
-            self.session.execute(self._missed_while_paused, (now_ms, job_id, held))
-        self.session.execute(self._bump, (current.partition,))
+            self.tables.execute(self._missed_while_paused, (now_ms, job_id, held))
+        self.tables.execute(self._bump, (current.partition,))
         if first is not None:
             self._keep_ahead({job_id: (current.partition, first)})
         return self.get_job(job_id)
@@ -824,13 +828,13 @@ class CassandraScheduleStore:
         return self._record(self._row(job_id))
 
     def list_jobs(self) -> list[JobRecord]:
-        rows = [r for r in self.session.execute(self._all_jobs) if r.state != "registering"]
+        rows = [r for r in self.tables.execute(self._all_jobs) if r.state != "registering"]
         return [self._record(r) for r in sorted(rows, key=lambda r: r.job_id)]
 
     def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:
         since = self._row(job_id).runs_since_ms or 0
         out = []
-        for r in self.session.execute(self._history, (job_id, limit + 1)):
+        for r in self.tables.execute(self._history, (job_id, limit + 1)):
             run = self._run_record(r)
             # A late write of a cancelled job this one replaced, which
             # slipped past the checks: no part of this job's history.
@@ -842,9 +846,7 @@ class CassandraScheduleStore:
         # The newest rows of each job: a pending run, perhaps runs cancelled
         # before they were handed on, then the one wanted.
         out: dict[str, RunRecord] = {}
-        results = execute_concurrent_with_args(
-            self.session, self._history, [(job_id, 4) for job_id in job_ids], concurrency=64
-        )
+        results = self.tables.execute_many([(self._history, (job_id, 4)) for job_id in job_ids], concurrency=64)
         for ok, rows in results:
             if not ok:
                 raise rows
@@ -894,19 +896,19 @@ class CassandraScheduleStore:
         )
 
     def change_versions(self) -> dict[int, int]:
-        return {int(r.partition): int(r.n) for r in self.session.execute(self._changes)}
+        return {int(r.partition): int(r.n) for r in self.tables.execute(self._changes)}
 
     def hand_back(self, record: DispatchRecord, now_ms: int, started_by: str | None = None) -> bool:
         # Its schedule row may lie behind the watermark the new leader reads
         # from (the old leader recorded it sent): a new row, due a moment from
         # now, and a change notice bring it into that leader's wheel.
         mark = self.watermarks().get(record.partition)
-        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        row = self.tables.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is None or not still_owed(row.state, row.worker, started_by):
             return False  # started, finished or cancelled since: nothing owed
         # Ahead of the watermark whatever the worker's clock says.
         due = placed_ahead(now_ms + HAND_BACK_MS, mark)
-        self.session.execute(
+        self.tables.execute(
             self._hand_back_schedule,
             (
                 due // BUCKET_MS,
@@ -920,7 +922,7 @@ class CassandraScheduleStore:
                 record.fence,
             ),
         )
-        self.session.execute(self._bump, (record.partition,))
+        self.tables.execute(self._bump, (record.partition,))
         self._keep_owed_ahead(record, due, record.attempt, record.fence, sets_due=False)
         return True
 
@@ -928,10 +930,10 @@ class CassandraScheduleStore:
         # Conditional on the same row as the watermark moves (IF fence <= f):
         # once this applied, an older leader's move is refused. Not applied
         # means a fence as high or higher is there already.
-        self.session.execute(self._raise_watermark_fence, (fence, partition, fence))
+        self.tables.execute(self._raise_watermark_fence, (fence, partition, fence))
 
     def watermarks(self) -> dict[int, int]:
-        return {int(r.partition): int(r.fired_through_ms) for r in self.session.execute(self._watermarks)}
+        return {int(r.partition): int(r.fired_through_ms) for r in self.tables.execute(self._watermarks)}
 
     # -- the leader's side ----------------------------------------------------
 
@@ -946,7 +948,7 @@ class CassandraScheduleStore:
             start = marks.get(p, now_ms - SETTLE_MS)
             for bucket in range(start // BUCKET_MS, (horizon_ms - 1) // BUCKET_MS + 1):
                 args.append((bucket, p, start, horizon_ms))
-        results = execute_concurrent_with_args(self.session, self._bucket, args, concurrency=64)
+        results = self.tables.execute_many([(self._bucket, a) for a in args], concurrency=64)
         rows: dict[int, Run] = {}
         for (_, p, _, _), (ok, result) in zip(args, results, strict=True):
             if not ok:
@@ -964,7 +966,7 @@ class CassandraScheduleStore:
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
         ids = list(job_ids)
         out: dict[str, JobPlanState] = {}
-        results = execute_concurrent_with_args(self.session, self._get_job, [(j,) for j in ids], concurrency=64)
+        results = self.tables.execute_many([(self._get_job, (j,)) for j in ids], concurrency=64)
         for job_id, (ok, result) in zip(ids, results, strict=True):
             if not ok:
                 raise result
@@ -985,22 +987,24 @@ class CassandraScheduleStore:
         # stay conditional on the fence (so a record of marks alone needs
         # no read).
         if rows or next_runs.runs or next_runs.completed or next_runs.stored_before:
-            floors = {int(r.partition): int(r.fence or 0) for r in self.session.execute(self._watermark_fences)}
+            floors = {int(r.partition): int(r.fence or 0) for r in self.tables.execute(self._watermark_fences)}
             allowed = within_fences(DispatchOutcome(rows, marks, next_runs), fences, floors)
             rows, marks, next_runs = allowed.rows, allowed.marks, allowed.next_runs
         if rows:
             # One request per run, as before the attempt was kept: the run's
             # history row and the schedule row a new leader reads again.
-            marks_batches: list[tuple[BatchStatement, None]] = []
+            marks_batches: list[Batch] = []
             for r in rows:
                 fence = fences[r.partition]
-                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-                batch.add(self._mark_dispatched, (fence, now_ms, r.attempt, r.job_id, r.run_at_ms, r.attempt_group))
-                batch.add(
-                    self._mark_schedule, (r.attempt, fence, r.due_ms // BUCKET_MS, r.partition, r.due_ms, r.run_id)
+                batch: list[Bound] = []
+                batch.append(
+                    (self._mark_dispatched, (fence, now_ms, r.attempt, r.job_id, r.run_at_ms, r.attempt_group))
                 )
-                marks_batches.append((batch, None))
-            for ok, result in execute_concurrent(self.session, marks_batches, concurrency=128):
+                batch.append(
+                    (self._mark_schedule, (r.attempt, fence, r.due_ms // BUCKET_MS, r.partition, r.due_ms, r.run_id))
+                )
+                marks_batches.append(Batch(batch, logged=False))
+            for ok, result in self.tables.execute_many(marks_batches, concurrency=128):
                 if not ok:
                     raise result
         stored = self._store_next(next_runs, now_ms)
@@ -1024,7 +1028,7 @@ class CassandraScheduleStore:
         partition since, or paused past it, is refused here. The next
         runs of the jobs moved are then stored (_store_planned_rows)."""
         read = next_runs.planned_from
-        gates: list[tuple[PreparedStatement, tuple[Any, ...]]] = [
+        gates: list[tuple[Prepared, tuple[Any, ...]]] = [
             (self._set_next_as_planned, (n.run.run_at_ms, n.run.due_ms, now_ms, n.job_id, read.get(n.job_id)))
             for n in next_runs.runs
         ]
@@ -1032,7 +1036,7 @@ class CassandraScheduleStore:
         planned_ids = [n.job_id for n in next_runs.runs] + list(next_runs.completed)
         moved: list[NextRun] = []
         stale: list[str] = []
-        results = execute_concurrent(self.session, gates, concurrency=128)
+        results = self.tables.execute_many(gates, concurrency=128)
         for i, (job_id, (ok, result)) in enumerate(zip(planned_ids, results, strict=True)):
             if not ok:
                 raise result
@@ -1065,7 +1069,7 @@ class CassandraScheduleStore:
         # The runs to store, each with whether its run row is written again.
         stored: list[tuple[NextRun, bool]] = []
         revive: list[NextRun] = []
-        for nxt, (ok, result) in zip(runs, execute_concurrent(self.session, inserts, concurrency=128), strict=True):
+        for nxt, (ok, result) in zip(runs, self.tables.execute_many(inserts, concurrency=128), strict=True):
             if not ok:
                 raise result
             if applied(result):
@@ -1076,27 +1080,39 @@ class CassandraScheduleStore:
                 revive.append(nxt)
             elif row.state == "scheduled" and row.dispatched_at_ms is None:
                 stored.append((nxt, False))  # an earlier try's: its schedule row may be missing
-        pointers = execute_concurrent_with_args(self.session, self._get_job, [(n.job_id,) for n in revive])
+        pointers = self.tables.execute_many([(self._get_job, (n.job_id,)) for n in revive])
         for nxt, (ok, result) in zip(revive, pointers, strict=True):
             if not ok:
                 raise result
             job = result.one()
             if job is not None and job.state == "active" and job.next_run_at_ms == nxt.run.run_at_ms:
                 stored.append((nxt, True))
-        batches: list[tuple[BatchStatement, None]] = []
+        batches: list[Batch] = []
         for nxt, revived in stored:
-            batch = BatchStatement(batch_type=BatchType.LOGGED)
+            batch: list[Bound] = []
             run_id = run_id_for(nxt.job_id, nxt.run.run_at_ms, 0)
             if revived:
-                batch.add(self._insert_run, (nxt.job_id, nxt.run.run_at_ms, 0, run_id, nxt.run.due_ms, nxt.partition))
-            batch.add(
-                self._insert_schedule,
-                (nxt.run.due_ms // BUCKET_MS, nxt.partition, nxt.run.due_ms, run_id, nxt.job_id, nxt.run.run_at_ms, 0),
+                batch.append(
+                    (self._insert_run, (nxt.job_id, nxt.run.run_at_ms, 0, run_id, nxt.run.due_ms, nxt.partition))
+                )
+            batch.append(
+                (
+                    self._insert_schedule,
+                    (
+                        nxt.run.due_ms // BUCKET_MS,
+                        nxt.partition,
+                        nxt.run.due_ms,
+                        run_id,
+                        nxt.job_id,
+                        nxt.run.run_at_ms,
+                        0,
+                    ),
+                )
             )
             if nxt.missed is not None:
-                batch.add(self._insert_missed, _missed_row(nxt.missed))
-            batches.append((batch, None))
-        for ok, result in execute_concurrent(self.session, batches, concurrency=128):
+                batch.append((self._insert_missed, _missed_row(nxt.missed)))
+            batches.append(Batch(batch, logged=True))
+        for ok, result in self.tables.execute_many(batches, concurrency=128):
             if not ok:
                 raise result
         return [nxt for nxt, _ in stored]
@@ -1104,14 +1120,14 @@ class CassandraScheduleStore:
     # -- the worker's side ----------------------------------------------------
 
     def run_started(self, record: DispatchRecord, worker: str, now_ms: int) -> int | None:
-        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        row = self.tables.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is not None and row.state in ("cancelled", "missed"):
             return None
         if row is None and self._of_replaced(record.job_id, record.run_at_ms):
             return None
         attempt = 1 if row is None else next_attempt(row.attempt or 0, row.ended_attempt or 0)
         delivery = max(record.attempt, 0 if row is None else _delivery(row))
-        self.session.execute(
+        self.tables.execute(
             self._run_started,
             (now_ms, worker, attempt, delivery, record.job_id, record.run_at_ms, record.attempt_group),
         )
@@ -1120,10 +1136,10 @@ class CassandraScheduleStore:
     def run_interrupted(self, record: DispatchRecord, error: str, now_ms: int) -> None:
         # Read, then write, as run_finished: no Paxos round for it, and a
         # run that ended (or never started) keeps its record.
-        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        row = self.tables.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is None or row.state != "running":
             return
-        self.session.execute(
+        self.tables.execute(
             self._run_interrupted,
             (row.attempt or 0, now_ms, error, record.job_id, record.run_at_ms, record.attempt_group),
         )
@@ -1133,12 +1149,12 @@ class CassandraScheduleStore:
     ) -> None:
         # Read, then write, as run_started: a plain write, not a Paxos round
         # on the run path; only a redelivery of a run that succeeded meets it.
-        row = self.session.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
+        row = self.tables.execute(self._run_state, (record.job_id, record.run_at_ms, record.attempt_group)).one()
         if row is not None and row.state == "succeeded":
             return
         if row is None and self._of_replaced(record.job_id, record.run_at_ms):
             return
-        self.session.execute(
+        self.tables.execute(
             self._run_finished,
             (state, now_ms, error, result, record.job_id, record.run_at_ms, record.attempt_group),
         )
@@ -1147,19 +1163,19 @@ class CassandraScheduleStore:
         # Read, then plain writes, as run_finished. The span first: a write
         # that fails between the two is repeated whole by the redelivery.
         key = (record.job_id, record.run_at_ms, record.attempt_group)
-        row = self.session.execute(self._run_state, key).one()
+        row = self.tables.execute(self._run_state, key).one()
         # A parked run never started: missed when its job was paused.
         if row is not None and row.state not in (None, "scheduled", "missed", "parked"):
             return
         if row is None and self._of_replaced(record.job_id, record.run_at_ms):
             return
-        self.session.execute(self._insert_missed, _missed_row(missed))
-        self.session.execute(self._run_missed, (now_ms, error, *key))
+        self.tables.execute(self._insert_missed, _missed_row(missed))
+        self.tables.execute(self._run_missed, (now_ms, error, *key))
 
     def missed_runs(self, job_ids: Sequence[str]) -> dict[str, list[MissedRuns]]:
         out: dict[str, list[MissedRuns]] = {}
         args = [(job_id,) for job_id in dict.fromkeys(job_ids)]
-        for ok, rows in execute_concurrent_with_args(self.session, self._missed_of_job, args, concurrency=64):
+        for ok, rows in self.tables.execute_many([(self._missed_of_job, a) for a in args], concurrency=64):
             if not ok:
                 raise rows
             for r in rows:
@@ -1172,38 +1188,38 @@ class CassandraScheduleStore:
         # write repeated after a timeout is still one entry.
         key = (record.job_id, record.run_at_ms, record.attempt_group)
         entry = (failure.attempt, failure.to_json())
-        row = self.session.execute(self._get_run, key).one()
+        row = self.tables.execute(self._get_run, key).one()
         if row is None and self._of_replaced(record.job_id, record.run_at_ms):
             return
         ended_attempt = max(failure.attempt, 0 if row is None else row.ended_attempt or 0)
         delivery = max(record.attempt, 0 if row is None else _delivery(row))
         state = "scheduled" if row is None or row.state is None else row.state
         if state in ("succeeded", "cancelled"):
-            self.session.execute(self._add_failure, (*entry, *key))
+            self.tables.execute(self._add_failure, (*entry, *key))
             return
         due = record.due_ms if row is None or row.due_ms is None else int(row.due_ms)
         ended = (failure.ended_at_ms, failure.error, failure.result, record.run_id, record.partition)
         if retry_due_ms is not None:
-            job = self.session.execute(self._job_state, (record.job_id,)).one()
+            job = self.tables.execute(self._job_state, (record.job_id,)).one()
             if job is not None and job.state == "cancelled":
-                self.session.execute(self._end_failed, (*entry, ended_attempt, "cancelled", due, *ended, *key))
+                self.tables.execute(self._end_failed, (*entry, ended_attempt, "cancelled", due, *ended, *key))
                 return
         delivered_from = (record.due_ms // BUCKET_MS, record.partition, record.due_ms, record.run_id)
         # Logged batches: the run's row, its schedule rows and its dead
         # letter land together or not at all.
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        batch: list[Bound] = []
         if retry_due_ms is None:
-            batch.add(self._end_dead, (*entry, ended_attempt, due, *ended, failure.ended_at_ms, *key))
-            batch.add(self._insert_dead_letter, (record.partition, failure.ended_at_ms, *key))
+            batch.append((self._end_dead, (*entry, ended_attempt, due, *ended, failure.ended_at_ms, *key)))
+            batch.append((self._insert_dead_letter, (record.partition, failure.ended_at_ms, *key)))
             old = None if row is None else row.dead_at_ms
             if old is not None and old != failure.ended_at_ms:
                 old_partition = record.partition if row.partition is None else row.partition
-                batch.add(self._delete_dead_letter, (old_partition, old, *key))
+                batch.append((self._delete_dead_letter, (old_partition, old, *key)))
             # Owed no more: the row it was delivered from goes, so that a
             # leader reading it again (a failover) hands nothing on, and a
             # redrive's row is the only one read.
-            batch.add(self._delete_schedule, delivered_from)
-            self.session.execute(batch)
+            batch.append((self._delete_schedule, delivered_from))
+            self.tables.batch(batch, logged=True)
             return
         # As a hand-back: a row of its own at the retry's due time, read as
         # the delivery after the latest the run met (no fence: handed on by
@@ -1214,16 +1230,18 @@ class CassandraScheduleStore:
         # refused for a while) is placed ahead of it: the run's due_ms says
         # when it is owed, the failure's time stays in its failures.
         retry_due = placed_ahead(retry_due_ms, self.watermarks().get(record.partition))
-        batch.add(
-            self._hand_back_schedule,
-            (retry_due // BUCKET_MS, record.partition, retry_due, record.run_id, *key, delivery, None),
+        batch.append(
+            (
+                self._hand_back_schedule,
+                (retry_due // BUCKET_MS, record.partition, retry_due, record.run_id, *key, delivery, None),
+            )
         )
-        batch.add(self._end_failed, (*entry, ended_attempt, "retrying", retry_due, *ended, *key))
+        batch.append((self._end_failed, (*entry, ended_attempt, "retrying", retry_due, *ended, *key)))
         if retry_due != record.due_ms:
-            batch.add(self._delete_schedule, delivered_from)
-        self.session.execute(batch)
+            batch.append((self._delete_schedule, delivered_from))
+        self.tables.batch(batch, logged=True)
         if retry_due != retry_due_ms or retry_due <= failure.ended_at_ms + NEAR_MS:
-            self.session.execute(self._bump, (record.partition,))
+            self.tables.execute(self._bump, (record.partition,))
         self._keep_owed_ahead(record, retry_due, delivery, None, sets_due=True)
 
     def run_parked(self, record: DispatchRecord, due_ms: int, reason: str, now_ms: int) -> None:
@@ -1231,32 +1249,31 @@ class CassandraScheduleStore:
         # ``due_ms``, read as the delivery after the one parked, and the row
         # it was delivered from goes.
         key = (record.job_id, record.run_at_ms, record.attempt_group)
-        row = self.session.execute(self._run_state, key).one()
+        row = self.tables.execute(self._run_state, key).one()
         if row is not None and row.state in ("succeeded", "cancelled"):
             return
         if row is None and self._of_replaced(record.job_id, record.run_at_ms):
             return
-        job = self.session.execute(self._job_state, (record.job_id,)).one()
+        job = self.tables.execute(self._job_state, (record.job_id,)).one()
         if job is not None and job.state == "cancelled":
-            self.session.execute(self._cancel_run_in_group, (now_ms, *key))
+            self.tables.execute(self._cancel_run_in_group, (now_ms, *key))
             return
         delivery = max(record.attempt, 0 if row is None else _delivery(row))
         # ``due_ms`` was set at the run's admission: a write landing after
         # the watermark passed it is placed ahead of it, as a retry's.
         due = placed_ahead(due_ms, self.watermarks().get(record.partition))
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
-        batch.add(
-            self._hand_back_schedule,
-            (due // BUCKET_MS, record.partition, due, record.run_id, *key, delivery, None),
+        batch: list[Bound] = []
+        batch.append(
+            (self._hand_back_schedule, (due // BUCKET_MS, record.partition, due, record.run_id, *key, delivery, None))
         )
-        batch.add(self._park, (due, delivery, reason, record.run_id, record.partition, *key))
+        batch.append((self._park, (due, delivery, reason, record.run_id, record.partition, *key)))
         if due != record.due_ms:
-            batch.add(
-                self._delete_schedule, (record.due_ms // BUCKET_MS, record.partition, record.due_ms, record.run_id)
+            batch.append(
+                (self._delete_schedule, (record.due_ms // BUCKET_MS, record.partition, record.due_ms, record.run_id))
             )
-        self.session.execute(batch)
+        self.tables.batch(batch, logged=True)
         if due != due_ms or due <= now_ms + NEAR_MS:
-            self.session.execute(self._bump, (record.partition,))
+            self.tables.execute(self._bump, (record.partition,))
         self._keep_owed_ahead(record, due, delivery, None, sets_due=True)
 
     def take_slot(
@@ -1276,7 +1293,7 @@ class CassandraScheduleStore:
     def _wake_waiting(self, waiting: DispatchRecord, now_ms: int) -> None:
         """Make a run waiting for its job's slot due now, if still parked (a
         run delivered again since, its wait run out, keeps its state)."""
-        row = self.session.execute(self._run_state, (waiting.job_id, waiting.run_at_ms, waiting.attempt_group)).one()
+        row = self.tables.execute(self._run_state, (waiting.job_id, waiting.run_at_ms, waiting.attempt_group)).one()
         if row is not None and row.state == "parked":
             self.run_parked(waiting, now_ms, overlap.wake_reason(waiting.job_id), now_ms)
 
@@ -1296,7 +1313,7 @@ class CassandraScheduleStore:
         return self._breakers.attempt_counts(downstream, since_ms)
 
     def get_run(self, job_id: str, run_at_ms: int, attempt_group: int = 0) -> RunRecord:
-        row = self.session.execute(self._get_run, (job_id, run_at_ms, attempt_group)).one()
+        row = self.tables.execute(self._get_run, (job_id, run_at_ms, attempt_group)).one()
         if row is None:
             raise RunNotFound(f"no run of job {job_id!r} at {run_at_ms}")
         return self._full_record(row)
@@ -1308,7 +1325,7 @@ class CassandraScheduleStore:
         # among the newest ``limit`` of all.
         args = [(p, limit) for p in range(self.partitions)]
         entries: list[tuple[int, str, int, int]] = []
-        for ok, result in execute_concurrent_with_args(self.session, self._newest_dead_letters, args, concurrency=64):
+        for ok, result in self.tables.execute_many([(self._newest_dead_letters, a) for a in args], concurrency=64):
             if not ok:
                 raise result
             entries.extend((int(r.failed_at_ms), r.job_id, int(r.run_at_ms), int(r.attempt_group)) for r in result)
@@ -1317,7 +1334,7 @@ class CassandraScheduleStore:
         for failed_at_ms, job_id, run_at_ms, group in entries:
             newest.setdefault((job_id, run_at_ms, group), failed_at_ms)
         chosen = list(newest.items())[:limit]
-        read = execute_concurrent_with_args(self.session, self._get_run, [k for k, _ in chosen], concurrency=64)
+        read = self.tables.execute_many([(self._get_run, k) for k, _ in chosen], concurrency=64)
         out: list[RunRecord] = []
         for (_, failed_at_ms), (ok, result) in zip(chosen, read, strict=True):
             if not ok:
@@ -1339,18 +1356,18 @@ class CassandraScheduleStore:
         # client's clock says, as a redriven run. (A crash between the two
         # leaves an unacknowledged run that never fires.) A job cancelled
         # meanwhile has its run ended cancelled by the worker.
-        group = max((r.attempt_group for r in self.session.execute(self._groups_at, (job_id, now_ms))), default=0) + 1
+        group = max((r.attempt_group for r in self.tables.execute(self._groups_at, (job_id, now_ms))), default=0) + 1
         due = placed_ahead(now_ms + HAND_BACK_MS, self.watermarks().get(current.partition))
         while True:
             run_id = run_id_for(job_id, now_ms, group)
-            taken = self.session.execute(self._insert_new_run, (job_id, now_ms, group, run_id, due, current.partition))
+            taken = self.tables.execute(self._insert_new_run, (job_id, now_ms, group, run_id, due, current.partition))
             if applied(taken):
                 break
             group += 1
-        self.session.execute(
+        self.tables.execute(
             self._insert_schedule, (due // BUCKET_MS, current.partition, due, run_id, job_id, now_ms, group)
         )
-        self.session.execute(self._bump, (current.partition,))
+        self.tables.execute(self._bump, (current.partition,))
         triggered = DispatchRecord(run_id, job_id, now_ms, due, current.partition, 0, group, 0, 0)
         self._keep_owed_ahead(triggered, due, 0, None, sets_due=True)
         return self.get_run(job_id, now_ms, group)
@@ -1360,22 +1377,24 @@ class CassandraScheduleStore:
         # write, and the two schedule rows are read as one delivery
         # (add_read_run).
         key = (job_id, run_at_ms, attempt_group)
-        row = self.session.execute(self._get_run, key).one()
+        row = self.tables.execute(self._get_run, key).one()
         if row is None or row.state != "failed" or row.dead_at_ms is None or row.partition is None:
             return False
         dead = (row.partition, row.dead_at_ms, *key)
-        if self.session.execute(self._get_dead_letter, dead).one() is None:
+        if self.tables.execute(self._get_dead_letter, dead).one() is None:
             return False
         # As a trigger's: a moment from the client's now, ahead of the
         # watermark whatever the client's clock says.
         due = placed_ahead(now_ms + HAND_BACK_MS, self.watermarks().get(row.partition))
         run_id = run_id_for(*key) if row.run_id is None else row.run_id
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
-        batch.add(self._hand_back_schedule, (due // BUCKET_MS, row.partition, due, run_id, *key, _delivery(row), None))
-        batch.add(self._redrive_run, (due, *key))
-        batch.add(self._delete_dead_letter, dead)
-        self.session.execute(batch)
-        self.session.execute(self._bump, (row.partition,))
+        batch: list[Bound] = []
+        batch.append(
+            (self._hand_back_schedule, (due // BUCKET_MS, row.partition, due, run_id, *key, _delivery(row), None))
+        )
+        batch.append((self._redrive_run, (due, *key)))
+        batch.append((self._delete_dead_letter, dead))
+        self.tables.batch(batch, logged=True)
+        self.tables.execute(self._bump, (row.partition,))
         redriven = DispatchRecord(run_id, job_id, run_at_ms, due, row.partition, _delivery(row), attempt_group, 0, 0)
         self._keep_owed_ahead(redriven, due, _delivery(row), None, sets_due=True)
         return True
@@ -1394,13 +1413,13 @@ class CassandraScheduleStore:
         wanted = set(partitions)
         if not wanted or limit <= 0:
             return 0
-        job_partitions = {r.job_id: r.partition for r in self.session.execute(self._job_partitions)}
+        job_partitions = {r.job_id: r.partition for r in self.tables.execute(self._job_partitions)}
         job_ids = [j for j, p in job_partitions.items() if p in wanted]
         deleted = 0
         for start in range(0, len(job_ids), _PRUNE_READ_JOBS):
             chunk = job_ids[start : start + _PRUNE_READ_JOBS]
-            read = execute_concurrent_with_args(self.session, self._run_ends, [(j,) for j in chunk], concurrency=32)
-            deletes: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+            read = self.tables.execute_many([(self._run_ends, (j,)) for j in chunk], concurrency=32)
+            deletes: list[tuple[Prepared, tuple[Any, ...]]] = []
             for job_id, (ok, result) in zip(chunk, read, strict=True):
                 if not ok:
                     raise result
@@ -1419,7 +1438,7 @@ class CassandraScheduleStore:
                 deleted += len(chosen)
                 if deleted >= limit:
                     break
-            for ok, result in execute_concurrent(self.session, deletes, concurrency=64):
+            for ok, result in self.tables.execute_many(deletes, concurrency=64):
                 if not ok:
                     raise result
             if deleted >= limit:
@@ -1428,7 +1447,7 @@ class CassandraScheduleStore:
 
     def _prune_statements(
         self, job_id: str, runs: Sequence[tuple[int, int, str, int | None]], chosen: set[int], now_ms: int
-    ) -> list[tuple[PreparedStatement, tuple[Any, ...]]]:
+    ) -> list[tuple[Prepared, tuple[Any, ...]]]:
         """Range deletes over the stretches of a job's runs that go, so a job
         firing every second leaves a range tombstone per pass rather than
         one per run (too many of which make its partition unreadable). The
@@ -1438,7 +1457,7 @@ class CassandraScheduleStore:
         becomes a tombstone (retention.py)."""
         kept_s = PRUNED_CLAIM_KEPT_MS // 1_000
         kept_at = {runs[i][0] for i in range(len(runs)) if i not in chosen}
-        out: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        out: list[tuple[Prepared, tuple[Any, ...]]] = []
         stretch: list[int] = []
         oldest = True
 
@@ -1468,7 +1487,7 @@ class CassandraScheduleStore:
     # -- helpers --------------------------------------------------------------
 
     def _row(self, job_id: str) -> Any:
-        row = self.session.execute(self._get_job, (job_id,)).one()
+        row = self.tables.execute(self._get_job, (job_id,)).one()
         if row is None or row.state == "registering":
             raise JobNotFound(f"no job {job_id!r}")
         return row
@@ -1522,8 +1541,8 @@ class CassandraScheduleStore:
                     f"cassandra: the watermark of partition {behind[0][1]} kept moving past the run of job"
                     f" {behind[0][0]!r} while it was stored; cancel the job and register it again"
                 )
-            read = execute_concurrent_with_args(
-                self.session, self._run_handed_on, [(j, run.run_at_ms) for j, _, run in behind], concurrency=64
+            read = self.tables.execute_many(
+                [(self._run_handed_on, (j, run.run_at_ms)) for j, _, run in behind], concurrency=64
             )
             again: dict[str, tuple[int, PlannedRun]] = {}
             for (job_id, p, run), (ok, result) in zip(behind, read, strict=True):
@@ -1533,17 +1552,17 @@ class CassandraScheduleStore:
                 if row is None or row.state != "scheduled" or row.dispatched_at_ms is not None:
                     continue
                 again[job_id] = (p, PlannedRun(run.run_at_ms, marks[p] + AHEAD_OF_WATERMARK_MS))
-            batches: list[tuple[BatchStatement, None]] = []
+            batches: list[Batch] = []
             for job_id, (p, run) in again.items():
                 run_id = run_id_for(job_id, run.run_at_ms, 0)
-                batch = BatchStatement(batch_type=BatchType.LOGGED)
+                batch: list[Bound] = []
                 # Not _add_run_rows: the run row's state and attempt stay.
-                batch.add(
-                    self._insert_schedule, (run.due_ms // BUCKET_MS, p, run.due_ms, run_id, job_id, run.run_at_ms, 0)
+                batch.append(
+                    (self._insert_schedule, (run.due_ms // BUCKET_MS, p, run.due_ms, run_id, job_id, run.run_at_ms, 0))
                 )
-                batch.add(self._set_run_due, (run.due_ms, job_id, run.run_at_ms))
-                batches.append((batch, None))
-            for ok, result in execute_concurrent(self.session, batches, concurrency=128):
+                batch.append((self._set_run_due, (run.due_ms, job_id, run.run_at_ms)))
+                batches.append(Batch(batch, logged=True))
+            for ok, result in self.tables.execute_many(batches, concurrency=128):
                 if not ok:
                     raise result
             self._concurrent(self._set_next_due, [(run.due_ms, j, run.run_at_ms) for j, (_, run) in again.items()])
@@ -1578,40 +1597,42 @@ class CassandraScheduleStore:
                     f"cassandra: the watermark of partition {record.partition} kept moving past the run of job"
                     f" {record.job_id!r} while it was stored"
                 )
-            row = self.session.execute(self._get_run, key).one()
+            row = self.tables.execute(self._get_run, key).one()
             if row is None:
                 return due_ms  # pruned, or of a cancelled job replaced since
             state = "scheduled" if row.state is None else row.state
             current_due = due_ms if row.due_ms is None else int(row.due_ms)
             if not owed_where_written(state, _delivery(row), current_due, delivery, due_ms, sets_due):
                 return due_ms
-            batch = BatchStatement(batch_type=BatchType.LOGGED)
-            batch.add(
-                self._hand_back_schedule,
-                (placed // BUCKET_MS, record.partition, placed, record.run_id, *key, delivery, fence),
+            batch: list[Bound] = []
+            batch.append(
+                (
+                    self._hand_back_schedule,
+                    (placed // BUCKET_MS, record.partition, placed, record.run_id, *key, delivery, fence),
+                )
             )
             if sets_due:
-                batch.add(self._set_owed_due, (placed, *key))
-            self.session.execute(batch)
-            self.session.execute(self._bump, (record.partition,))
+                batch.append((self._set_owed_due, (placed, *key)))
+            self.tables.batch(batch, logged=True)
+            self.tables.execute(self._bump, (record.partition,))
             log.warning("placed a run of job %s again ahead of a watermark that passed it", record.job_id)
             due_ms = placed
         return due_ms
 
-    def _add_run_rows(
-        self, batch: BatchStatement, job_id: str, partition: int, run: PlannedRun, group: int = 0
-    ) -> None:
+    def _add_run_rows(self, batch: list[Bound], job_id: str, partition: int, run: PlannedRun, group: int = 0) -> None:
         run_id = run_id_for(job_id, run.run_at_ms, group)
-        batch.add(self._insert_run, (job_id, run.run_at_ms, group, run_id, run.due_ms, partition))
-        batch.add(
-            self._insert_schedule,
-            (run.due_ms // BUCKET_MS, partition, run.due_ms, run_id, job_id, run.run_at_ms, group),
+        batch.append((self._insert_run, (job_id, run.run_at_ms, group, run_id, run.due_ms, partition)))
+        batch.append(
+            (
+                self._insert_schedule,
+                (run.due_ms // BUCKET_MS, partition, run.due_ms, run_id, job_id, run.run_at_ms, group),
+            )
         )
 
     def _write_run(self, job_id: str, partition: int, run: PlannedRun, group: int = 0) -> None:
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
+        batch: list[Bound] = []
         self._add_run_rows(batch, job_id, partition, run, group)
-        self.session.execute(batch)
+        self.tables.batch(batch, logged=True)
 
     def _cancel_handed_on(self, job_id: str, now_ms: int) -> None:
         """Cancel the job's runs handed on and not started (a scheduled row
@@ -1621,7 +1642,7 @@ class CassandraScheduleStore:
         retention."""
         handed_on = [
             (now_ms, job_id, r.run_at_ms, r.attempt_group)
-            for r in self.session.execute(self._job_run_states, (job_id,))
+            for r in self.tables.execute(self._job_run_states, (job_id,))
             if (r.state == "scheduled" and r.dispatched_at_ms is not None)
             or r.state in ("interrupted", "retrying", "parked")
         ]
@@ -1629,13 +1650,13 @@ class CassandraScheduleStore:
 
     def _drop_pending(self, job_id: str, partition: int, run_at_ms: int, due_ms: int, now_ms: int) -> None:
         run_id = run_id_for(job_id, run_at_ms, 0)
-        self.session.execute(self._delete_schedule, (due_ms // BUCKET_MS, partition, due_ms, run_id))
-        self.session.execute(self._cancel_run, (now_ms, job_id, run_at_ms))
+        self.tables.execute(self._delete_schedule, (due_ms // BUCKET_MS, partition, due_ms, run_id))
+        self.tables.execute(self._cancel_run, (now_ms, job_id, run_at_ms))
 
-    def _concurrent(self, statement: PreparedStatement, args: list[tuple[Any, ...]]) -> None:
+    def _concurrent(self, statement: Prepared, args: list[tuple[Any, ...]]) -> None:
         if not args:
             return
-        for ok, result in execute_concurrent_with_args(self.session, statement, args, concurrency=64):
+        for ok, result in self.tables.execute_many([(statement, a) for a in args], concurrency=64):
             if not ok:
                 raise result
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cassandra.cluster import Session
-
 from pysched.protocols import AttemptCount, BreakerRow
 from pysched.stores.cassandra_rows import applied
+from pysched.stores.cql_tables import CqlTables
 
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.breakers (downstream text PRIMARY KEY, version int, state text, failures int,"
@@ -29,9 +28,9 @@ _COLUMNS = "downstream, version, state, failures, opened_at_ms, reopens_at_ms, p
 
 
 class CassandraBreakers:
-    def __init__(self, session: Session, keyspace: str) -> None:
-        self.session = session
-        p = session.prepare
+    def __init__(self, tables: CqlTables, keyspace: str) -> None:
+        self.tables = tables
+        p = tables.prepare
         self._get = p(f"SELECT {_COLUMNS} FROM {keyspace}.breakers WHERE downstream = ?")
         self._all = p(f"SELECT {_COLUMNS} FROM {keyspace}.breakers")
         self._insert = p(f"INSERT INTO {keyspace}.breakers ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS")
@@ -49,32 +48,32 @@ class CassandraBreakers:
         )
 
     def breaker(self, downstream: str) -> BreakerRow:
-        row = self.session.execute(self._get, (downstream,)).one()
+        row = self.tables.execute(self._get, (downstream,)).one()
         return BreakerRow(downstream) if row is None else _breaker(row)
 
     def breakers(self) -> list[BreakerRow]:
-        return sorted((_breaker(r) for r in self.session.execute(self._all)), key=lambda b: b.downstream)
+        return sorted((_breaker(r) for r in self.tables.execute(self._all)), key=lambda b: b.downstream)
 
     def swap_breaker(self, expected_version: int, row: BreakerRow) -> bool:
         # A transaction that timed out may have applied: it raises, and the
         # caller (who treats the breaker as advice) reads the row again.
         values = (row.state, row.failures, row.opened_at_ms, row.reopens_at_ms, row.probe_until_ms)
         if expected_version == 0:
-            result = self.session.execute(self._insert, (row.downstream, 1, *values))
+            result = self.tables.execute(self._insert, (row.downstream, 1, *values))
         else:
             args = (expected_version + 1, *values, row.downstream, expected_version)
-            result = self.session.execute(self._update, args)
+            result = self.tables.execute(self._update, args)
         return applied(result)
 
     def record_attempts(self, count: AttemptCount) -> None:
-        self.session.execute(
+        self.tables.execute(
             self._put_count, (count.downstream, count.bucket_ms, count.holder, count.calls, count.retries)
         )
 
     def attempt_counts(self, downstream: str, since_ms: int) -> list[AttemptCount]:
         return [
             AttemptCount(r.downstream, r.holder, int(r.bucket_ms), int(r.calls or 0), int(r.retries or 0))
-            for r in self.session.execute(self._counts, (downstream, since_ms))
+            for r in self.tables.execute(self._counts, (downstream, since_ms))
         ]
 
 

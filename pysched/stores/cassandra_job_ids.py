@@ -27,11 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cassandra import OperationTimedOut, WriteTimeout
-from cassandra.cluster import Session
-from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
-from cassandra.query import BatchStatement, BatchType
 
 from pysched.stores.cassandra_rows import applied
+from pysched.stores.cql_tables import Batch, CqlTables, raise_failed
 
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.job_ids (bucket int, job_id text, owner text, claimed_at_ms bigint,"
@@ -69,32 +67,30 @@ class HeldId:
     claimed_at_ms: int
 
 
-def backfill(session: Session, keyspace: str) -> None:
+def backfill(tables: CqlTables, keyspace: str) -> None:
     """Claim rows for the jobs of a keyspace made before ids were claimed
     here, once: without them an id already used would look free. Their
     claim time is the job row's last update, so a registration that died
     half-way then is taken over after the grace, as before."""
-    done = session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = %s", (_BACKFILLED,)).one()
+    done = tables.execute(f"SELECT value FROM {keyspace}.meta WHERE name = %s", (_BACKFILLED,)).one()
     if done is not None:
         return
-    insert = session.prepare(
+    insert = tables.prepare(
         f"INSERT INTO {keyspace}.job_ids (bucket, job_id, owner, claimed_at_ms) VALUES (?, ?, 'before-job-ids', ?)"
         " IF NOT EXISTS"
     )
     rows = [
         (bucket_of(row.job_id), row.job_id, row.updated_at_ms or 0)
-        for row in session.execute(f"SELECT job_id, updated_at_ms FROM {keyspace}.jobs")
+        for row in tables.execute(f"SELECT job_id, updated_at_ms FROM {keyspace}.jobs")
     ]
-    for ok, result in execute_concurrent_with_args(session, insert, rows, concurrency=_CONCURRENCY):
-        if not ok:
-            raise result
-    session.execute(f"INSERT INTO {keyspace}.meta (name, value) VALUES (%s, 1)", (_BACKFILLED,))
+    raise_failed(tables.execute_many([(insert, row) for row in rows], concurrency=_CONCURRENCY))
+    tables.execute(f"INSERT INTO {keyspace}.meta (name, value) VALUES (%s, 1)", (_BACKFILLED,))
 
 
 class JobIdClaims:
-    def __init__(self, session: Session, keyspace: str) -> None:
-        self.session = session
-        p = session.prepare
+    def __init__(self, tables: CqlTables, keyspace: str) -> None:
+        self.tables = tables
+        p = tables.prepare
         self._claim = p(
             f"INSERT INTO {keyspace}.job_ids (bucket, job_id, owner, claimed_at_ms) VALUES (?, ?, ?, ?) IF NOT EXISTS"
         )
@@ -121,9 +117,8 @@ class JobIdClaims:
         held: dict[str, HeldId] = {}
         timeouts = 0
         while rounds:
-            results = execute_concurrent(
-                self.session,
-                [(self._round(bucket, ids, owner, now_ms), None) for bucket, ids in rounds],
+            results = self.tables.execute_many(
+                [self._round(bucket, ids, owner, now_ms) for bucket, ids in rounds],
                 concurrency=_CONCURRENCY,
                 raise_on_first_error=False,
             )
@@ -158,7 +153,7 @@ class JobIdClaims:
         row changed since it was read (another took it first)."""
         for attempt in range(CAS_ATTEMPTS):
             try:
-                res = self.session.execute(
+                res = self.tables.execute(
                     self._take_over,
                     (owner, now_ms, bucket_of(held.job_id), held.job_id, held.owner, held.claimed_at_ms),
                 )
@@ -173,12 +168,9 @@ class JobIdClaims:
             return bool(row is not None and row.owner == owner and row.claimed_at_ms == now_ms)
         raise AssertionError("unreachable: the last attempt raises")
 
-    def _round(self, bucket: int, job_ids: Sequence[str], owner: str, now_ms: int) -> BatchStatement:
+    def _round(self, bucket: int, job_ids: Sequence[str], owner: str, now_ms: int) -> Batch:
         # One partition: a conditional batch, one Paxos round for all.
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for job_id in job_ids:
-            batch.add(self._claim, (bucket, job_id, owner, now_ms))
-        return batch
+        return Batch([(self._claim, (bucket, job_id, owner, now_ms)) for job_id in job_ids], logged=False)
 
 
 def _taken(rows: Sequence[Any]) -> dict[str, HeldId]:

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from cassandra.cluster import ResultSet
-from cassandra.query import BatchStatement
+from pysched.stores.cql_tables import Rows
 
 # A column name cleaned as the driver cleans it ("[applied]" is "applied",
 # "count(*)" is "count"), so rows read the same either way.
@@ -50,12 +49,12 @@ class NotConditional(RuntimeError):
     """``applied`` asked of a result that no lightweight transaction gave."""
 
 
-def applied(result: ResultSet) -> bool:
+def applied(result: Rows) -> bool:
     """Whether a lightweight transaction, or a conditional batch, applied:
     the ``[applied]`` column, first in the result's first row."""
     rows = result.current_rows
     if not result.column_names or result.column_names[0] != "[applied]":
         raise NotConditional("the statement was not conditional: no [applied] column")
-    if not isinstance(result.response_future.query, BatchStatement) and len(rows) != 1:
+    if not result.from_batch and len(rows) != 1:
         raise NotConditional(f"a lightweight transaction answers with one row, not {len(rows)}")
     return bool(rows[0][0])

@@ -14,13 +14,12 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cassandra.cluster import Session
-
 from pysched import overlap
 from pysched.model import Overlap
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.records import DispatchRecord
 from pysched.stores.cassandra_rows import applied
+from pysched.stores.cql_tables import CqlTables
 
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS {ks}.running_slots (job_id text PRIMARY KEY, idem_key text, holder text,"
@@ -38,11 +37,11 @@ class SlotContention(ConnectionError):
 
 
 class CassandraSlots:
-    def __init__(self, session: Session, keyspace: str, wake: Callable[[DispatchRecord, int], None]) -> None:
-        self.session = session
+    def __init__(self, tables: CqlTables, keyspace: str, wake: Callable[[DispatchRecord, int], None]) -> None:
+        self.tables = tables
         # Makes a run waiting for a slot due at once, if it is still parked.
         self._wake = wake
-        p = session.prepare
+        p = tables.prepare
         self._get = p(f"SELECT {_COLUMNS} FROM {keyspace}.running_slots WHERE job_id = ?")
         self._insert = p(f"INSERT INTO {keyspace}.running_slots ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS")
         self._update = p(
@@ -52,7 +51,7 @@ class CassandraSlots:
         self._delete = p(f"DELETE FROM {keyspace}.running_slots WHERE job_id = ? IF version = ?")
 
     def running_slot(self, job_id: str) -> RunningSlot | None:
-        row = self.session.execute(self._get, (job_id,)).one()
+        row = self.tables.execute(self._get, (job_id,)).one()
         return None if row is None else _slot(row)
 
     def take_slot(
@@ -83,7 +82,7 @@ class CassandraSlots:
             slot = self.running_slot(hold.job_id)
             if slot is None or not overlap.released(slot, hold):
                 return
-            if applied(self.session.execute(self._delete, (hold.job_id, slot.version))):
+            if applied(self.tables.execute(self._delete, (hold.job_id, slot.version))):
                 if slot.waiting is not None:
                     self._wake(slot.waiting, now_ms)
                 return
@@ -93,9 +92,9 @@ class CassandraSlots:
         waiting = None if write.waiting is None else json.dumps(list(write.waiting))
         values = (write.key, write.holder, write.lease_expires_ms, waiting)
         if read is None:
-            result = self.session.execute(self._insert, (write.job_id, *values, write.version))
+            result = self.tables.execute(self._insert, (write.job_id, *values, write.version))
         else:
-            result = self.session.execute(self._update, (*values, write.version, write.job_id, read.version))
+            result = self.tables.execute(self._update, (*values, write.version, write.job_id, read.version))
         return applied(result)
 
 
