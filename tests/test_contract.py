@@ -18,6 +18,7 @@ from pysched.clock import Clock, ManualClock, SystemClock
 from pysched.leader.recording import record_sent
 from pysched.memory import open_memory
 from pysched.memory.claims import MemoryClaims
+from pysched.memory_cluster import open_memory_cluster
 from pysched.model import Job
 from pysched.node import open_cluster, open_embedded
 from pysched.protocols import (
@@ -78,7 +79,7 @@ class Backend:
             run_leases.revoke()
 
 
-@pytest.fixture(params=["sqlite", "memory", pytest.param("cluster", marks=pytest.mark.cluster)])
+@pytest.fixture(params=["sqlite", "memory", "cluster-memtables", pytest.param("cluster", marks=pytest.mark.cluster)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "sqlite":
         embedded = open_embedded(tmp_path / "contract.db", partitions=4, lease_ttl_ms=5_000)
@@ -91,6 +92,14 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         clock = ManualClock(T0 - 60_000)
         node = open_memory(partitions=4, clock=clock, dispatcher_partitions=2).node()
         yield Backend("memory", node.store, node.claims, node.coordinator, clock)
+        return
+    if request.param == "cluster-memtables":
+        # The cluster's store and claims over Cassandra's tables, Redis and
+        # etcd's run leases in memory, on a clock of their own.
+        clock = ManualClock(T0 - 60_000)
+        servers = open_memory_cluster(partitions=4, clock=clock)
+        mem = servers.node()
+        yield Backend("cluster-memtables", mem.store, mem.claims, mem.coordinator, clock)
         return
     services = request.getfixturevalue("services")
     config = cluster_config_for(services, request.getfixturevalue("keyspace"), partitions=4, kafka_partitions=2)

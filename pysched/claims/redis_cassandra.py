@@ -71,7 +71,7 @@ from typing import Any, TypeVar
 import redis
 
 from pysched.config import ClusterConfig
-from pysched.coord.run_leases import EtcdRunLeases, Holding
+from pysched.coord.run_leases import Holding, RunLeases
 from pysched.protocols import PRUNED_STATE, Claim, ClaimHolder, ClaimOutcome, FailedClaim, completed_state
 from pysched.records import DispatchRecord
 from pysched.stores.cassandra_rows import applied
@@ -152,7 +152,7 @@ _Reply = TypeVar("_Reply")
 
 class RedisCassandraClaims:
     def __init__(
-        self, redis_client: redis.Redis, tables: CqlTables, config: ClusterConfig, run_leases: EtcdRunLeases
+        self, redis_client: redis.Redis, tables: CqlTables, config: ClusterConfig, run_leases: RunLeases
     ) -> None:
         self.redis = redis_client
         self.tables = tables

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 import aetcd
 import aetcd.exceptions
@@ -37,6 +38,19 @@ class Holding(enum.Enum):
     HELD = "held"  # the key is this holder's, under the lease alive now
     LOST = "lost"  # it was, under a lease that has since expired
     NOT_YET = "not_yet"  # this process never took it for this holder
+
+
+class RunLeases(Protocol):
+    """What the claims need of the run leases (EtcdRunLeases; an in-memory
+    model in pysched.memory_cluster)."""
+
+    def renew(self, ttl_s: int) -> None: ...
+    def holding(self, key: str, holder: str) -> Holding: ...
+    def take(self, key: str, holder: str, ttl_s: int) -> bool: ...
+    def held_for_ms(self, key: str) -> int | None: ...
+    def let_go(self, keys: Collection[str]) -> None: ...
+    def let_go_all_but(self, keep: Collection[str]) -> None: ...
+    def revoke(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
