@@ -164,14 +164,14 @@ def test_a_keyspace_from_before_the_count_was_stored_keeps_what_its_nodes_led(
     from pysched.stores.cassandra import connect, ensure_schema
 
     config = cluster_config_for(services, keyspace, partitions=16)
-    session = connect(config)
+    tables = connect(config)
     try:
-        assert ensure_schema(session, config, time.time_ns() // 1_000_000) == 16
+        assert ensure_schema(tables, config, time.time_ns() // 1_000_000) == 16
         # What a keyspace made before the count was stored looks like: its
         # watermarks, written for the partitions its nodes led, and no count.
-        session.execute(f"DELETE FROM {keyspace}.meta WHERE name = 'partitions'")
+        tables.execute(f"DELETE FROM {keyspace}.meta WHERE name = 'partitions'")
         unnamed = cluster_config_for(services, keyspace)
-        assert ensure_schema(session, unnamed, time.time_ns() // 1_000_000) == 16
-        assert ensure_schema(session, config, time.time_ns() // 1_000_000) == 16
+        assert ensure_schema(tables, unnamed, time.time_ns() // 1_000_000) == 16
+        assert ensure_schema(tables, config, time.time_ns() // 1_000_000) == 16
     finally:
-        session.cluster.shutdown()
+        tables.shutdown()
