@@ -204,7 +204,8 @@ def _not_past(schedule: CronSchedule | IntervalSchedule | OnceSchedule, now_ms: 
 class Client:
     """Jobs of one store: ``Client()`` is the embedded database
     (``$PYSCHED_DB``, else ``pysched.db``); ``Client(db="jobs.db")`` another
-    one; ``Client(config="cluster.toml")`` the cluster the file names.
+    one; ``Client(config="cluster.toml")`` the cluster the file names;
+    ``Client(store=...)`` a store already open, which the caller closes.
 
     Errors: `InvalidJob` (nothing stored; each problem names the field),
     `JobExists`, `JobNotFound`, `JobNotActive` (a change the job's state does
@@ -218,14 +219,15 @@ class Client:
         config: str | os.PathLike[str] | None = None,
         clock: Clock | None = None,
         access: Access = "create",
+        store: ScheduleStore | None = None,
     ) -> None:
-        if db is not None and config is not None:
-            raise ValueError("give a database or a cluster config, not both")
+        if sum(given is not None for given in (db, config, store)) > 1:
+            raise ValueError("give a database, a cluster config or a store, not two")
         self.db = str(db) if db is not None else os.environ.get("PYSCHED_DB", DEFAULT_DB)
         self.config = None if config is None else str(config)
         self.clock: Clock = clock or SystemClock()
         self.access: Access = access
-        self._store: ScheduleStore | None = None
+        self._store: ScheduleStore | None = store
         self._close: Callable[[], None] = lambda: None
         self._coordinator: Coordinator | None = None
 

@@ -90,6 +90,14 @@ def run(
             help="Targets take time (most seconds, some past the lease, a few minutes); workers take batches.",
         ),
     ] = False,
+    changes: Annotated[
+        bool,
+        typer.Option(
+            "--changes",
+            help="The workload changes jobs as they run (cancel, reschedule, pause, trigger, redrive, prune);"
+            " each job follows an overlap policy drawn from all four.",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
@@ -117,6 +125,7 @@ def run(
             recording_outage=recording,
             history_outage=history,
             target_time=target_time,
+            changes=changes,
         )
         started = time.monotonic()
         report = simulate(config)

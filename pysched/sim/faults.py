@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pysched.memory.faults import Phase, SimulatedFault
@@ -160,6 +161,10 @@ class NodeFaults:
         self.recording_down = False
         # The history outage (see above): every write of a run's end fails.
         self.history_down = False
+        # What the world does between a leader's read of its plans and its
+        # write of them (a workload's change racing the recording): called
+        # once the read has returned its rows, before the caller sees them.
+        self.between_plan_and_write: Callable[[], None] | None = None
 
     def start(self, event: FaultEvent) -> None:
         with self._lock:
@@ -170,6 +175,8 @@ class NodeFaults:
             self._active.remove(event)
 
     def check(self, role: str, op: str, phase: Phase) -> None:
+        if phase == "after" and op == "planning_state" and self.between_plan_and_write is not None:
+            self.between_plan_and_write()
         if self.recording_down and role == "store" and op == "finish_dispatch":
             self.injected += 1
             raise SimulatedFault(f"injected fault: {role}.{op} ({phase}): recording is down")

@@ -4,7 +4,38 @@ its job's catch-up policy gives; none before its time, and no retry before
 its backoff's; fences that only grow; a catch-up lane within its rate; no
 dead letter where the downstream never went down; and, once the faults
 stop, every run on time again and, after a settle time, none left under
-way or owed."""
+way or owed.
+
+A world whose workload changes its jobs (``--changes``) is judged by what
+each change makes a job owe, worked out from the schedules and the times
+of the changes (owed_changes.py), with the rules DESIGN.md and the README
+state, and where they are silent what a Kubernetes CronJob or APScheduler
+user expects (checked in change_invariants.py):
+
+- cancel at t: the runs of its schedule due after t are not run; one
+  handed on and not started is not started (README, Pause and resume), one
+  started runs on (its ``ctx.cancelled`` is set, and it is recorded
+  cancelled: as a CronJob deleted with orphan Jobs, the simulated target
+  does not stop); so no run of the schedule starts at t or later. A run
+  due before t is owed if it was due long enough before t, with no fault
+  active, to have started by then (LATE_BOUND_MS); else it may have run,
+  once, or not.
+- reschedule at t: the old schedule's runs as a cancel's; the new one's
+  are owed from t, as a registration's at t (a time both schedules name
+  is the new one's).
+- pause at p, resume at r: none of the schedule's runs starts in [p, r)
+  (a retry of a run started before p goes on: its first call was before);
+  each time due meanwhile runs after r or is recorded missed, ``paused``,
+  as the job's catch-up policy says (run_all replays every time, the others
+  pass over some); a run held by the pause is late from r, not its due time.
+- trigger: one run more, owed as any (once, on time from its due time).
+- redrive of a dead letter: a new attempt of that run, called after the
+  redrive; its outcome is judged again as any run's.
+- overlap forbid, buffer_one, replace: no two runs of the job are under way
+  at once (a target's call from its start to its end, or its node's death);
+  a time passed over for it is recorded missed, ``overlap``; a replaced run
+  is recorded cancelled though it ran.
+- pruning: the rows it takes are judged as they were when it took them."""
 
 from __future__ import annotations
 
@@ -95,6 +126,7 @@ def check_runs(
     missed: Mapping[str, Sequence[MissedRuns]] | None = None,
     dead: Collection[str] = (),
     lost: Collection[str] = (),
+    held: Mapping[str, int] | None = None,
 ) -> tuple[list[Violation], int]:
     """``owed``: runs that must have executed by the end, failed for good
     (``dead``: the keys of the dead letters; ``lost``: those of them whose
@@ -102,12 +134,14 @@ def check_runs(
     or been recorded missed with a reason (``missed``: the store's spans by job);
     ``owed_later``: runs due too near the end to be judged, which may or may
     not have. Each run owed once; both are read once (a day's runs are
-    millions: no set of them is kept). Returns the violations and how many
-    runs owed were recorded missed: each nominal time ends in exactly one
-    recorded outcome."""
+    millions: no set of them is kept). ``held``: runs a pause held, by key,
+    and the resume they waited for: late from then, not from their due
+    time. Returns the violations and how many runs owed were recorded
+    missed: each nominal time ends in exactly one recorded outcome."""
     first_start = ledger.first_start
     first_try = ledger.first_try  # a flaky run is on time when its first attempt is
     spans = missed or {}
+    held_until = held or {}
     out: list[Violation] = []
     known = 0  # runs owed that executed: every key the ledger holds, unless one is unowed
     missed_count = 0
@@ -142,7 +176,8 @@ def check_runs(
         started = first_try.get(run.key, started)
         if started < run.due_ms - MAX_SKEW_MS:
             out.append(Violation("early", f"{run.key} started {run.due_ms - started} ms before its time", started))
-        if run.due_ms >= quiet_from_ms + RECOVERY_MS and started - run.due_ms > LATE_BOUND_MS:
+        late_from = max(run.due_ms, held_until.get(run.key, run.due_ms))
+        if run.due_ms >= quiet_from_ms + RECOVERY_MS and started - late_from > LATE_BOUND_MS:
             out.append(
                 Violation("late", f"{run.key} started {started - run.due_ms} ms late with no fault active", started)
             )
@@ -175,7 +210,10 @@ def _missed_reason(spans: Sequence[MissedRuns], run_at_ms: int) -> str | None:
 
 
 def check_ends(
-    owed: Iterable[OwedRun], ledger: Ledger, runs: Mapping[str, Mapping[tuple[int, int], RunRow]]
+    owed: Iterable[OwedRun],
+    ledger: Ledger,
+    runs: Mapping[str, Mapping[tuple[int, int], RunRow]],
+    cancelled_ok: Collection[str] = (),
 ) -> list[Violation]:
     """What the store holds of each run owed, against what the downstream
     saw: as many failed attempts recorded as calls that failed (a parked
@@ -184,7 +222,11 @@ def check_ends(
     run that ran recorded succeeded, or a dead letter for having been lost
     with its node twice (retries.LOST_LIMIT: the crashes of a world are
     indistinguishable from a job that crashes its node), and a dead
-    letter's last failed attempt recorded as its last."""
+    letter's last failed attempt recorded as its last. A run of a job in
+    ``cancelled_ok`` (cancelled or rescheduled while it ran), or one
+    replaced by its job's next run (overlap replace), is rightly recorded
+    cancelled though its target ran on: the simulated target does not stop
+    when told."""
     out: list[Violation] = []
     # Every attempt group of a time is judged, not only the first: a later
     # group (a redrive) is the same time's run again.
@@ -198,8 +240,19 @@ def check_ends(
         groups = [0, *sorted(later_groups.get((run.job_id, run.run_at_ms), ()))]
         for group in groups:
             key = idempotency_key(run.job_id, run.run_at_ms, group)
-            out += _ends_of(key, rows.get((run.run_at_ms, group)), ledger, run.due_ms)
+            row = rows.get((run.run_at_ms, group))
+            if _cancelled_as_told(row, key, ledger, run.job_id in cancelled_ok):
+                continue
+            out += _ends_of(key, row, ledger, run.due_ms)
     return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
+
+
+def _cancelled_as_told(row: RunRow | None, key: str, ledger: Ledger, job_changed: bool) -> bool:
+    """A run that ran and is recorded cancelled because its job was
+    cancelled or rescheduled meanwhile, or its job's next run replaced it."""
+    if row is None or row.state != "cancelled" or key not in ledger.first_start:
+        return False
+    return job_changed or (row.error or "").startswith("replaced:")
 
 
 def _ends_of(key: str, row: RunRow | None, ledger: Ledger, due_ms: int) -> list[Violation]:
@@ -291,14 +344,23 @@ _CATCH_UP_REASONS: dict[str, frozenset[str]] = {
 
 
 def check_policies(
-    owed: Iterable[OwedRun], missed: Mapping[str, Sequence[MissedRuns]], jobs: Mapping[str, Job]
+    owed: Iterable[OwedRun],
+    missed: Mapping[str, Sequence[MissedRuns]],
+    jobs: Mapping[str, Job],
+    paused: Collection[str] = (),
 ) -> list[Violation]:
     """Each time recorded missed, for a reason its job's catch-up policy
-    gives."""
+    gives, its pause (``paused``: the jobs paused) or its overlap policy
+    (any but allow)."""
     out: list[Violation] = []
     for run in owed:
         reason = _missed_reason(missed.get(run.job_id, ()), run.run_at_ms)
-        policy = jobs[run.job_id].catch_up
+        job = jobs[run.job_id]
+        policy = job.catch_up
+        if reason == "paused" and run.job_id in paused:
+            continue
+        if reason == "overlap" and job.overlap != "allow":
+            continue
         if reason is not None and reason not in _CATCH_UP_REASONS[policy]:
             out.append(Violation("policy", f"{run.key} recorded missed ({reason}) under catch-up {policy}", run.due_ms))
     return out

@@ -71,10 +71,29 @@ class Ledger:
         self.orphaned: Counter[str] = Counter()
         # Runs whose call was still under way when the world ended.
         self.under_way_at_end: set[str] = set()
+        # The jobs none of whose runs may be under way beside another (an
+        # overlap policy but allow), and each of their calls that took
+        # time: (start, end or its node's death, run key), by job.
+        self.exclusive: frozenset[str] = frozenset()
+        # Every call counted, and the first call of each run of the jobs
+        # ``numbered`` numbered by that count: a change is ordered against
+        # them by the count when it came (changes.py).
+        self.calls = 0
+        self.numbered: frozenset[str] = frozenset()
+        self.first_call: dict[str, int] = {}
+        self.spans: dict[str, list[tuple[int, int, str]]] = {}
+
+    def _span(self, call: CallInFlight, end_ms: int) -> None:
+        job_id = call.key.rsplit(":", 2)[0]
+        if job_id in self.exclusive:
+            self.spans.setdefault(job_id, []).append((call.start_ms, end_ms, call.key))
 
     def tried(self, key: str, attempt: int, now_ms: int, fails: bool) -> None:
         """A call of the run of ``key`` starts: kept once one of its calls
         fails (a day's runs are millions; a retried run's are few)."""
+        self.calls += 1
+        if self.numbered and key.rsplit(":", 2)[0] in self.numbered:
+            self.first_call.setdefault(key, self.calls)
         if fails or key in self.tries:
             self.tries.setdefault(key, []).append((attempt, now_ms))
 
@@ -87,6 +106,7 @@ class Ledger:
         self.in_flight = [c for c in self.in_flight if c.end_ms > now_ms]
         for call in due:
             self._land(call)
+            self._span(call, call.end_ms)
         self.unheard += due
 
     def heard(self, call: CallInFlight) -> None:
@@ -108,6 +128,7 @@ class Ledger:
         gone = [c for c in self.in_flight if c.owner is owner]
         self.in_flight = [c for c in self.in_flight if c.owner is not owner]
         for call in gone:
+            self._span(call, self.clock.now_ms())
             if not call.fails and rng.random() < 0.5:
                 self._land(call)
                 self.orphaned[call.key] += 1
@@ -123,6 +144,7 @@ class Ledger:
         will be (its run started, and is not lost); one failing counts no
         failure yet, as none is recorded yet."""
         for call in self.in_flight:
+            self._span(call, call.end_ms)
             self.under_way_at_end.add(call.key)
             if not call.fails:
                 self._land(call)

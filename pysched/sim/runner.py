@@ -7,41 +7,25 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from pysched import native
+# The world's start and step, from the judge, which counts from them too.
+__all__ = ["START_MS", "STEP_MS", "SimConfig", "SimReport", "simulate"]
+
 from pysched.config import DEFAULT_CATCH_UP_RATE
 from pysched.leader import LeaderConfig
-from pysched.model import Job
-from pysched.protocols import MissedRuns
-from pysched.records import idempotency_key
+from pysched.memory.store import MemoryScheduleStore
 from pysched.registry import register_many
-from pysched.retries import LOST
-from pysched.sim.faults import KINDS, MAX_SKEW_MS, Outage, plan_faults
-from pysched.sim.invariants import (
-    FenceWatch,
-    LeaderWatch,
-    Violation,
-    check_catch_up,
-    check_dead_letters,
-    check_ends,
-    check_lane,
-    check_policies,
-    check_retry_waits,
-    check_runs,
-    check_settled,
-)
-from pysched.sim.ledger import Ledger, close_ledger, open_ledger
-from pysched.sim.workload import LONGEST_TARGET_MS, OwedRuns, make_jobs, with_durations
+from pysched.sim.changes import JobChanges, plan_changes
+from pysched.sim.faults import KINDS, Outage, plan_faults
+from pysched.sim.invariants import FenceWatch, LeaderWatch, Violation
+from pysched.sim.judge import START_MS, STEP_MS, UNJUDGED_MS, JudgedWorld, judge_runs, judge_settled
+from pysched.sim.ledger import close_ledger, open_ledger
+from pysched.sim.workload import LONGEST_TARGET_MS, make_jobs, with_durations, with_overlap
 from pysched.sim.world import OUTAGE_WORKER_CONFIG, TIMED_CONCURRENCY, WORKER_CONFIG, World
 
-# The world starts on a Monday, 00:00 UTC: a top-of-the-hour burst at once.
-START_MS = 1_799_020_800_000  # 2027-01-04T00:00:00Z
-STEP_MS = 100  # how far the world clock moves between rounds
-# Runs due this near the end are not judged: they may still be on their way.
-_UNJUDGED_MS = 120_000
 # How long a world runs after its faults stop before every run due by then
 # must have ended (invariants.check_settled): runs due this near the end are
 # not judged, and, with --target-time, its longest target and a lease more.
-_SETTLE_MS = _UNJUDGED_MS
+_SETTLE_MS = UNJUDGED_MS
 _worlds = itertools.count(1)
 
 
@@ -70,6 +54,9 @@ class SimConfig:
     # Targets take time (drawn per job, workload.with_durations) and the
     # workers take batches, as a node's pool does (world.SimNode).
     target_time: bool = False
+    # The workload changes its jobs while they run (changes.py), and each
+    # job follows an overlap policy drawn from all four.
+    changes: bool = False
 
     def replay_line(self) -> str:
         options = [
@@ -93,6 +80,8 @@ class SimConfig:
             options.append(f"--history-outage {self.history_outage.spec()}")
         if self.target_time:
             options.append("--target-time")
+        if self.changes:
+            options.append("--changes")
         return " ".join(options)
 
 
@@ -154,6 +143,14 @@ def simulate(config: SimConfig) -> SimReport:
             jobs = with_durations(jobs, random.Random(f"{config.seed}/durations"), worker_config.lease_ms)
             world.attach(ledger, random.Random(f"{config.seed}/crashed-calls"))
             settle_ms += LONGEST_TARGET_MS + worker_config.lease_ms
+        changes = None
+        if config.changes:
+            jobs = with_overlap(jobs, random.Random(f"{config.seed}/overlap"))
+            ledger.exclusive = frozenset(job.id for job in jobs if job.overlap != "allow")
+            # Drawn so that each has a settle time after it, as a fault has.
+            drawn = plan_changes(random.Random(f"{config.seed}/changes"), jobs, START_MS + 60_000, end - settle_ms)
+            changes = JobChanges(drawn, MemoryScheduleStore(world.cluster.schedule), world.clock, ledger)
+            world.attach_changes(changes)
         register_many(world.nodes[0].clients.store, jobs, START_MS)
         report = SimReport(config)
         _run(world, end, report)
@@ -165,8 +162,12 @@ def simulate(config: SimConfig) -> SimReport:
         # not be written (a retry is owed once it is).
         windows = (down, recording, history)
         quiet_from = max([plan.quiet_from_ms] + [window[1] for window in windows if window is not None])
-        report.violations += _judge(world, jobs, ledger, end, quiet_from, leader_config, report)
-        report.violations += _judge_settled(world, ledger, end, quiet_from, settle_ms, down is not None)
+        judged = JudgedWorld(world, jobs, ledger, START_MS, end, quiet_from, changes)
+        violations, counts = judge_runs(judged, leader_config)
+        report.violations += violations
+        report.violations += judge_settled(judged, settle_ms, down is not None)
+        report.owed, report.missed, report.dead_letters = counts.owed, counts.missed, counts.dead_letters
+        report.lane_peak = counts.lane_peak
         report.violations.sort(key=lambda v: (v.at_ms, v.kind, v.detail))
         report.executed = ledger.executed
         report.digest = ledger.digest()
@@ -196,83 +197,3 @@ def _run(world: World, end: int, report: SimReport) -> None:
             return
         idle_until = world.idle_until()
         world.clock.advance(STEP_MS if idle_until is None else max(STEP_MS, idle_until - world.clock.now_ms()))
-
-
-def _judge_settled(
-    world: World, ledger: Ledger, end: int, quiet_from: int, settle_ms: int, downstream_down: bool
-) -> list[Violation]:
-    """Whether the world settled: every run due a settle time after the
-    faults stopped has ended; no run failed for good but by an outage of
-    its downstream (or lost with its node twice); no retry came before its
-    time. Every attempt group, not the first alone."""
-    tables = world.cluster.schedule
-    violations: list[Violation] = []
-    if end - quiet_from >= settle_ms:
-        violations += check_settled(tables.runs, end - settle_ms)
-    if not downstream_down:
-        dead = {idempotency_key(*run): at_ms for run, at_ms in tables.dead_letters.items()}
-        lost = {
-            key
-            for (job_id, run_at, group), key in ((run, idempotency_key(*run)) for run in tables.dead_letters)
-            if (row := tables.runs.get(job_id, {}).get((run_at, group))) is not None
-            and row.failures
-            and row.failures[-1][1].kind == LOST
-        }
-        violations += check_dead_letters(dead, lost)
-    violations += check_retry_waits(tables.retries_due, ledger.tries)
-    return violations
-
-
-def _judge(
-    world: World,
-    jobs: list[Job],
-    ledger: Ledger,
-    end: int,
-    quiet_from: int,
-    leader_config: LeaderConfig,
-    report: SimReport,
-) -> list[Violation]:
-    """Every run owed to the end of the world, against the ledger and the
-    store; sets the report's counts of runs owed, missed and dead."""
-    judged_until = end - _UNJUDGED_MS
-    owed = OwedRuns(jobs, START_MS, judged_until)
-    # A node whose clock runs ahead may start a run due just past the end.
-    later = OwedRuns(jobs, START_MS, end + MAX_SKEW_MS, after_ms=judged_until)
-    tables = world.cluster.schedule
-    missed: dict[str, list[MissedRuns]] = {}
-    for span in tables.missed.values():
-        missed.setdefault(span.job_id, []).append(span)
-    dead = {idempotency_key(job_id, run_at, group) for job_id, run_at, group in tables.dead_letters}
-    lost = {
-        idempotency_key(job_id, run_at, group)
-        for job_id, run_at, group in tables.dead_letters
-        if (row := tables.runs.get(job_id, {}).get((run_at, group))) is not None
-        and row.failures
-        and row.failures[-1][1].kind == LOST
-    }
-    violations, report.missed = check_runs(owed, later, ledger, quiet_from, missed, dead, lost)
-    report.owed = owed.count if owed.count is not None else sum(1 for _ in owed)
-    report.dead_letters = len(dead)
-    by_id = {job.id: job for job in jobs}
-    violations += check_ends(owed, ledger, tables.runs)
-    violations += check_policies(owed, missed, by_id)
-    if world.plan.blackout_ms is not None:
-        down, up = world.plan.blackout_ms
-        # The round before the outage handed on nothing due after it, but
-        # by a node whose clock runs ahead.
-        sent_before = {
-            native.decode(record.payload).idempotency_key
-            for partition in range(world.cluster.broker.partitions)
-            for record in world.cluster.broker.records_since(partition, 0)
-            if record.appended_at_ms < down
-        }
-        violations += check_catch_up(owed, ledger, by_id, down - STEP_MS, up, sent_before)
-    skews = {f"node-{node.index}": node.clock.skew_ms for node in world.nodes}
-    lane_violations, report.lane_peak = check_lane(
-        world.cluster.broker,
-        world.cluster.election,
-        leader_config.catch_up_rate,
-        leader_config.catch_up_after_ms,
-        skews,
-    )
-    return sorted(violations + lane_violations, key=lambda v: (v.at_ms, v.kind, v.detail))

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pysched import cron
-from pysched.model import CATCH_UP_POLICIES, CronSchedule, IntervalSchedule, Job, OnceSchedule
+from pysched.model import CATCH_UP_POLICIES, OVERLAP_POLICIES, CronSchedule, IntervalSchedule, Job, OnceSchedule
 from pysched.planning import jitter_for
 from pysched.records import idempotency_key
 from pysched.sim.ledger import TARGET
@@ -184,3 +184,9 @@ def with_durations(jobs: Sequence[Job], rng: random.Random, lease_ms: int) -> li
             duration = rng.randint(*_SHORT_MS)
         out.append(job.model_copy(update={"payload": {**job.payload, "duration_ms": duration}}))
     return out
+
+
+def with_overlap(jobs: Sequence[Job], rng: random.Random) -> list[Job]:
+    """The jobs, each with an overlap policy drawn from all four by ``rng``
+    (a generator of its own: the world's other draws stay as they were)."""
+    return [job.model_copy(update={"overlap": rng.choice(OVERLAP_POLICIES)}) for job in jobs]

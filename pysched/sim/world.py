@@ -20,6 +20,7 @@ from pysched.memory import MemoryCluster, MemoryNode, open_memory
 from pysched.memory.dispatcher import MemoryConsumer
 from pysched.sim.batches import BatchingConsumer
 from pysched.sim.calls import FiberCalls, NodeFibers
+from pysched.sim.changes import JobChanges
 from pysched.sim.faults import FaultEvent, FaultPlan, NodeFaults
 from pysched.sim.ledger import Ledger
 from pysched.worker.calls import Capacity
@@ -340,6 +341,15 @@ class World:
         self._crash_rng = random.Random()
         # The fibers of the node processes that died, ended with the world.
         self._dead_fibers: list[NodeFibers] = []
+        # With --changes: what the workload does to its jobs (attach_changes).
+        self.changes: JobChanges | None = None
+
+    def attach_changes(self, changes: JobChanges) -> None:
+        """The workload's changes, each at its time or, for one racing a
+        recording, between a leader's read of its plans and its write."""
+        self.changes = changes
+        for node in self.nodes:
+            node.faults.between_plan_and_write = changes.between_plan_and_write
 
     def attach(self, ledger: Ledger, crash_rng: random.Random) -> None:
         """The downstream whose calls take time; ``crash_rng``: whether a call
@@ -359,6 +369,8 @@ class World:
         self._named_outage(now, self.recording_outage_ms, "recording_down")
         self._named_outage(now, self.history_outage_ms, "history_down")
         self._faults(now)
+        if self.changes is not None:
+            self.changes.round(now)
         nodes = list(self.nodes)
         self.rng.shuffle(nodes)
         for node in nodes:
