@@ -1018,16 +1018,7 @@ def test_prune_history_drops_old_finished_runs_only(backend: Backend) -> None:
     assert backend.store.prune_history(everything, T0 + 10**9, 1, 100, T0 + 70_000) == 0
 
 
-def test_a_job_that_took_a_cancelled_job_s_id_keeps_the_runs_it_missed(
-    backend: Backend, request: pytest.FixtureRequest
-) -> None:
-    if backend.name in ("cluster", "cluster-memtables"):
-        # Open: taking the id deletes the old job's missed_runs partition at
-        # the writer's timestamp (microseconds), and a span is written
-        # USING TIMESTAMP its end (milliseconds): the tombstone hides every
-        # span the new job misses. Strict: the fix makes this pass, and its
-        # marker goes with it.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="missed spans hidden by the id's old tombstone"))
+def test_a_job_that_took_a_cancelled_job_s_id_keeps_the_runs_it_missed(backend: Backend) -> None:
     first = PlannedRun(T0 + 60_000, T0 + 60_000)
     backend.store.add_job(cron_job("x", "0 * * * * *"), 0, 0, first, T0)
     backend.store.cancel_job("x", T0 + 1)

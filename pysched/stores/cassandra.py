@@ -349,7 +349,10 @@ class CassandraScheduleStore:
             f" FROM {ks}.runs WHERE job_id = ?"
         )
         self._delete_job_runs = p(f"DELETE FROM {ks}.runs WHERE job_id = ?")
-        self._delete_job_missed = p(f"DELETE FROM {ks}.missed_runs WHERE job_id = ?")
+        # At the caller's time in milliseconds, the scale its spans are
+        # written in (_missed_row): a delete at the server's microseconds
+        # would hide every span the job holding the id next misses.
+        self._delete_job_missed = p(f"DELETE FROM {ks}.missed_runs USING TIMESTAMP ? WHERE job_id = ?")
         self._delete_job_slot = p(f"DELETE FROM {ks}.running_slots WHERE job_id = ?")
         self._runs_since = p(f"SELECT runs_since_ms FROM {ks}.jobs WHERE job_id = ?")
         self._get_job = p(
@@ -712,7 +715,8 @@ class CassandraScheduleStore:
                 deletes.append(
                     (self._delete_dead_letter, (r.partition, r.dead_at_ms, job_id, r.run_at_ms, r.attempt_group))
                 )
-        deletes += [(s, (job_id,)) for s in (self._delete_job_runs, self._delete_job_missed, self._delete_job_slot)]
+        deletes += [(s, (job_id,)) for s in (self._delete_job_runs, self._delete_job_slot)]
+        deletes.append((self._delete_job_missed, (now_ms, job_id)))
         for ok, result in self.tables.execute_many(deletes, concurrency=64):
             if not ok:
                 raise result
