@@ -411,12 +411,12 @@ def stopped_while_running(ctx: RunContext) -> None:
         raise RuntimeError("stopped: ctx.cancelled was set")
 
 
-def test_a_run_stopped_as_its_lease_ran_out_unrenewed_is_owed_again_at_once(backend: Backend) -> None:
+def test_a_run_stopped_as_its_lease_ran_out_unrenewed_is_owed_again_by_its_retry(backend: Backend) -> None:
     # Hole C1: the heartbeat failed for a whole lease (etcd, Cassandra or
     # the network down a while), nobody took the run over, and its worker
     # stopped it. Dropped, it stayed running, owed by nothing on the
-    # cluster; handed back, its leader owes it again at once, not once its
-    # claim's lease has run out.
+    # cluster. Its claim still its worker's, the run is recorded as its
+    # target ended after the stop: a failure, owed again by its retry.
     store = backend.store
     job = Job.model_validate(
         {
@@ -432,9 +432,9 @@ def test_a_run_stopped_as_its_lease_ran_out_unrenewed_is_owed_again_at_once(back
     _while_running.append(lambda: executor.stop(execution, "its lease ran out", lease_lost=True))
     assert executor.attempt([execution]) == [ClaimOutcome.CLAIMED]
     (run,) = store.history("o")
-    assert (run.state, run.attempt) == ("interrupted", 1)
+    assert (run.state, run.attempt) == ("retrying", 1)
     owed = store.due_runs(every(1), T0 + 90_000, T0 + 32_000)
-    assert [(r.job_id, r.attempt) for r in owed] == [("o", 2)]
+    assert [(r.job_id, r.attempt, r.due_ms) for r in owed] == [("o", 2, run.due_ms)]
 
 
 def test_a_run_handed_back_ahead_of_the_watermark_is_read_once(backend: Backend) -> None:
