@@ -488,8 +488,11 @@ def test_a_world_of_timed_targets_replays_the_same_world() -> None:
 # batch's calls run). Seeds 179 and 226: a node's heartbeats failed for a
 # whole lease while its 57 s target ran; the target succeeded, its outcome
 # was dropped, and the run taken over ran twice (before a run whose lease
-# was lost was recorded or handed back).
-TIMED_SEEDS = (3, 18, 86, 92, 179, 226)
+# was lost was recorded or handed back). Seeds 98 and 145: a target that
+# went on past its stop returned, and the run, handed back although nobody
+# had taken it over, ran twice (before such a return was recorded as it
+# ended).
+TIMED_SEEDS = (3, 18, 86, 92, 98, 145, 179, 226)
 
 
 @pytest.mark.parametrize("seed", TIMED_SEEDS)
