@@ -4,6 +4,8 @@ leader on the SQLite engine, on a simulated clock."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from pathlib import Path
 
 from pysched import native
@@ -15,6 +17,8 @@ from pysched.node import EmbeddedBackends, open_embedded
 from pysched.protocols import ClaimOutcome
 from pysched.records import DispatchRecord
 from pysched.registry import register
+from pysched.targets import RunContext
+from pysched.worker import Executor, WorkerConfig
 
 T0 = 1_700_000_040_000
 LEASE_MS = 5_000
@@ -141,4 +145,74 @@ def test_a_run_started_before_its_hand_on_was_recorded_is_owed_after_a_restart(t
     assert [row.attempt for row in store.due_runs(newer, later + 60_000, later)] == [2]
     # Under the same fence too: nothing says a delivery is waiting for it.
     assert [row.attempt for row in store.due_runs(fences, later + 60_000, later)] == [2]
+    backends.close()
+
+
+# What the target below was called for, and what it does while it runs.
+_calls: list[int] = []
+_while_running: list[Callable[[], None]] = []
+
+
+def fails_when_stopped(ctx: RunContext) -> None:
+    _calls.append(ctx.attempt)
+    while _while_running:
+        _while_running.pop(0)()
+    if ctx.cancelled.is_set():
+        raise RuntimeError("stopped: ctx.cancelled was set")
+
+
+def test_a_failure_recorded_after_the_lease_ran_out_refuses_the_delivery_handed_on_meanwhile(tmp_path: Path) -> None:
+    # The worker's heartbeats failed for a lease and it stopped its run;
+    # meanwhile the leader found the lease run out and handed the run on
+    # again, a delivery nobody has claimed yet. The target then fails:
+    # nobody took the claim over, so the failure is recorded, with its
+    # retry 40 s on. The delivery handed on before it must not take the
+    # failed claim over and run the retry at once, ahead of its backoff.
+    _calls.clear()
+    clock = ManualClock(T0)
+    backends = open_embedded(tmp_path / "pysched.db", partitions=4, clock=clock)
+    store = backends.store
+    job = Job.model_validate(
+        {
+            "id": "fails",
+            "schedule": {"kind": "once", "run_at_ms": T0 + 1_000},
+            "target": {"kind": "python", "ref": f"{__name__}:fails_when_stopped"},
+            "retry": {"retries": 3, "backoff_base_s": 40, "backoff_cap_s": 40},
+        }
+    )
+    register(store, job, T0)
+    fences = backends.coordinator.poll("leader", T0)
+    (row,) = store.due_runs(fences, T0 + 60_000, T0)
+    record_sent(store, [row], fences, {}, T0)
+    record = native.decode(native.encode_batch([row], fences[row.partition], T0)[0])
+    executor = Executor(backends.claims, store, clock, "w1", WorkerConfig(lease_ms=LEASE_MS), random.Random(3))
+    execution = executor.new_execution(record)
+    handed_on: list[DispatchRecord] = []
+
+    def lease_runs_out_and_the_run_is_handed_on_again() -> None:
+        clock.advance(LEASE_MS + 1_000)
+        now = clock.now_ms()
+        again = store.due_runs(fences, now + 60_000, now)
+        record_sent(store, again, fences, {}, now)
+        handed_on.extend(native.decode(p) for p in native.encode_batch(again, fences[row.partition], now))
+        executor.stop(execution, "its lease ran out: not renewed", lease_lost=True)
+
+    _while_running.append(lease_runs_out_and_the_run_is_handed_on_again)
+    assert executor.attempt([execution]) == [ClaimOutcome.CLAIMED]
+    run = store.get_run("fails", record.run_at_ms)
+    assert (run.state, [f.attempt for f in run.failures]) == ("retrying", [1])
+    (late,) = handed_on
+    assert late.attempt == 2
+    other = Executor(backends.claims, store, clock, "w2", WorkerConfig(lease_ms=LEASE_MS), random.Random(5))
+    assert other.attempt([other.new_execution(late)]) == [ClaimOutcome.FAILED]
+    assert _calls == [1]
+    # Its retry, when due, is a delivery after that one, and runs.
+    clock.advance(run.due_ms - clock.now_ms())
+    now = clock.now_ms()
+    (retry,) = store.due_runs(fences, now + 60_000, now)
+    assert retry.attempt > late.attempt
+    record_sent(store, [retry], fences, {}, now)
+    retried = native.decode(native.encode_batch([retry], fences[row.partition], now)[0])
+    assert other.attempt([other.new_execution(retried)]) == [ClaimOutcome.TAKEN_OVER]
+    assert _calls == [1, 2]
     backends.close()

@@ -92,10 +92,19 @@ class SQLiteClaims:
             )
 
     def complete(self, key: str, holder: str, succeeded: bool, result: str | None, now_ms: int) -> bool:
+        # Ours while the holder is: a take-over writes its own, in a
+        # transaction this one is ordered with. Not that no later delivery
+        # is on its way: a leader hands a running run on again once its
+        # lease has run out (stores/sqlite.py _ELIGIBLE), before anyone
+        # claims it. A failure refuses every delivery handed on before it
+        # (the run's, as its row has it now): its retry is a later one.
+        state = completed_state(succeeded, result)
         with self.db.transaction() as conn:
             cur = conn.execute(
-                "UPDATE claims SET state = ?, result = ?, updated_at_ms = ? WHERE idem_key = ? AND holder = ?",
-                (completed_state(succeeded, result), result, now_ms, key, holder),
+                "UPDATE claims SET state = ?, result = ?, updated_at_ms = ?, delivery = CASE WHEN ? = 'failed'"
+                " THEN max(delivery, coalesce((SELECT r.delivery FROM runs r WHERE r.run_id = claims.run_id), 0))"
+                " ELSE delivery END WHERE idem_key = ? AND holder = ?",
+                (state, result, now_ms, state, key, holder),
             )
             return cur.rowcount > 0
 
