@@ -23,6 +23,7 @@ from pysched.sim.invariants import (
     check_catch_up,
     check_dead_letters,
     check_ends,
+    check_found_behind,
     check_lane,
     check_policies,
     check_retry_waits,
@@ -256,6 +257,7 @@ def _judge(
     by_id = {job.id: job for job in jobs}
     violations += check_ends(owed, ledger, tables.runs)
     violations += check_policies(owed, missed, by_id)
+    violations += check_found_behind(tables.found_behind)
     if world.plan.blackout_ms is not None:
         down, up = world.plan.blackout_ms
         # The round before the outage handed on nothing due after it, but
