@@ -147,7 +147,11 @@ def test_a_sweep_racing_the_workers_own_hand_back_owes_the_run_once(backend: Bac
         assert swept == [0]
         return
     assert swept == [0 if backend.name == "sqlite" else 1]
-    # One delivery owed, whoever owed it; the worker wrote nothing after.
+    if backend.name != "sqlite":
+        # Its claim no longer its own, the worker wrote nothing after: no
+        # interruption, no hand-back of its own beside the sweep's row.
+        assert store.history("o")[0].state == "running"
+    # One delivery owed, whoever owed it.
     assert _owed(backend, t0 + SWEEP_AT + 1_000) == [("o", 2)]
     redelivered = record(sent._replace(attempt=2), 1)
     assert backend.claims.claim(redelivered, "w2/1", t0 + SWEEP_AT + 1_100, LEASE_MS).outcome is (
