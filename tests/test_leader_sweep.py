@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, RunDispatched, SyncDriver
+from pysched.leader.sweeping import Sweeper
 from pysched.memory import open_memory
+from pysched.memory.faults import FaultInjector, FaultPoint, ScriptedFault
 from pysched.model import Job
 from pysched.protocols import DEAD_CLAIM_AFTER_MS, SWEEP_LOOK_AFTER_MS, ClaimOutcome, PlannedRun
 from pysched.records import DispatchRecord
@@ -48,3 +50,16 @@ def test_the_leader_hands_on_again_a_run_whose_worker_died_unheard() -> None:
         clock.advance(10)
     assert [(e.job_id, e.attempt) for e in sent] == [("o", 1), ("o", 2)]
     assert leader.sweeper.owed_again == 1
+
+
+def test_a_sweep_the_store_refused_is_tried_again_a_second_later_not_at_every_step() -> None:
+    clock = ManualClock(T0)
+    point = FaultPoint("store", "sweep_owed", "before")
+    faults = FaultInjector(script=[ScriptedFault(point, 1), ScriptedFault(point, 2)])
+    node = open_memory(partitions=4, clock=clock).node(faults)
+    sweeper = Sweeper(node.store, LeaderConfig(), lambda: {0: 1})
+    assert not sweeper.step(T0)
+    assert not sweeper.step(T0 + 10)
+    assert faults.injected == [point]
+    assert not sweeper.step(T0 + 1_000)
+    assert faults.injected == [point, point]

@@ -18,6 +18,9 @@ from pysched.leader.guard import guarded, ranges
 from pysched.protocols import ScheduleStore
 
 log = logging.getLogger("pysched.leader")
+# A sweep that failed is tried again this much later, not at the next
+# step: a store that refuses calls is not asked ten times a second.
+_AFTER_FAILURE_MS = 1_000
 
 
 class Sweeper:
@@ -35,7 +38,8 @@ class Sweeper:
             return False
         owed = guarded(lambda: self.store.sweep_owed(fences, now))
         if owed is None:
-            return False  # tried again at the next step
+            self._next_sweep = now + min(_AFTER_FAILURE_MS, self.config.sweep_every_ms)
+            return False
         self._next_sweep = now + self.config.sweep_every_ms
         if owed:
             self.owed_again += owed
