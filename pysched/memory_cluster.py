@@ -135,9 +135,11 @@ class MemoryClusterServers:
     def node(self, clock: Clock | None = None) -> MemoryClusterNode:
         """A node whose writes carry ``clock``'s time (the servers' by default)."""
         tables = self.tables.client(clock or self.clock)
-        store = CassandraScheduleStore(tables, self.config)
+        run_leases = MemoryRunLeases(self.run_leases)
+        # The leader's sweep asks etcd whether a running run's worker lives, as node.open_cluster.
+        store = CassandraScheduleStore(tables, self.config, run_held=run_leases.held_for_ms)
         redis_client = fakeredis.FakeRedis(server=self.redis)
-        claims = RedisCassandraClaims(redis_client, tables, self.config, MemoryRunLeases(self.run_leases))
+        claims = RedisCassandraClaims(redis_client, tables, self.config, run_leases)
 
         def publish_fence(partition: int, fence: int) -> None:
             # The store first, as node.open_cluster.

@@ -254,6 +254,127 @@ def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
     return state == "running" and started_by is not None and started_by in (worker, ABANDONED)
 
 
+# The leader's sweep (ScheduleStore.sweep_owed) looks at each run handed on
+# this long after its hand-over, and again as long after each look that
+# found its claim held or not yet taken: by then a live worker has claimed
+# it and heartbeats it (a lease is 30 s by default).
+SWEEP_LOOK_AFTER_MS = 60_000
+# A claim's lease that ran out, or a claim let go of, succeeded or failed
+# with the run's history still saying handed on or running, is taken for
+# dead once this long has passed: a worker's own hand-back, a Kafka
+# redelivery's take-over or a history write is over in far less.
+DEAD_CLAIM_AFTER_MS = 30_000
+# How the sweep groups the runs it is to look at: by the ten seconds in
+# which their look comes due, each group read once and then deleted whole.
+SWEEP_BUCKET_MS = 10_000
+# How far back a partition's first sweep reads (no bucket swept yet; or,
+# behind the watermark, the first sweep of a store client): what was due
+# before, whoever led the partition then swept.
+SWEEP_LOOKBACK_MS = 10 * 60_000
+
+
+def look_bucket(at_ms: int) -> int:
+    """The sweep's bucket of a look due at ``at_ms``."""
+    return at_ms // SWEEP_BUCKET_MS
+
+
+def buckets_due(swept_through: int | None, now_ms: int) -> range:
+    """The buckets a sweep at ``now_ms`` reads, after ``swept_through`` (the
+    last one read; None: none yet). A bucket is read a whole bucket after
+    it ended: a hand-over recorded a little late still lands in one not yet
+    read."""
+    first = look_bucket(now_ms - SWEEP_LOOKBACK_MS) if swept_through is None else swept_through + 1
+    return range(first, look_bucket(now_ms) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSeen:
+    """A run's idempotency claim as the sweep reads it: its ``state``
+    (running, succeeded, failed, released), when it was last written, the
+    latest delivery it was taken for, and until when a running claim's
+    holder is, or was last, alive: while a live lease holds the run (the
+    cluster's in etcd), its end; else the end of the lease the claim row
+    carries."""
+
+    state: str
+    updated_at_ms: int
+    delivery: int
+    alive_until_ms: int
+
+
+class SweepLook(NamedTuple):
+    """A run handed on, to be looked at by the sweep for its ``delivery``:
+    a row of the store's looks, written with the run's hand-over."""
+
+    partition: int
+    job_id: str
+    run_at_ms: int
+    attempt_group: int
+    run_id: int
+    due_ms: int
+    delivery: int
+
+    @classmethod
+    def of(cls, run: Run) -> SweepLook:
+        return cls(run.partition, run.job_id, run.run_at_ms, run.attempt_group, run.run_id, run.due_ms, run.attempt)
+
+    def record(self) -> DispatchRecord:
+        """The delivery looked for, as a worker had it (its fence unknown)."""
+        return DispatchRecord(
+            self.run_id,
+            self.job_id,
+            self.run_at_ms,
+            self.due_ms,
+            self.partition,
+            self.delivery,
+            self.attempt_group,
+            0,
+            0,
+        )
+
+
+class SweepVerdict(enum.Enum):
+    DROP = "drop"  # nothing owed by this look: the run ended, is owed by a row, or was handed on since
+    LOOK_AGAIN = "look_again"  # a worker holds it alive, or the dispatcher has not delivered it yet
+    OWE = "owe"  # handed on or running under a dead claim: owed again, as its next delivery
+
+
+def sweep_verdict(
+    state: str, handed_on: bool, delivery: int, looked_for: int, claim: ClaimSeen | None, now_ms: int
+) -> SweepVerdict:
+    """What the sweep does with a run it looks at for delivery
+    ``looked_for``, its run row saying ``state``, whether it was handed on
+    (a scheduled run with a dispatch time) and the latest ``delivery`` it
+    met, and its claim as ``claim`` (None: never claimed). A run ended,
+    retrying or parked is owed by its own row or by nothing; one handed on
+    again since is looked at for that delivery. A delivery not claimed yet
+    (no claim, or one taken for an earlier delivery) is the dispatcher's
+    still: a consumer's backlog. Otherwise, handed on,
+    running or interrupted under a claim whose holder is dead (its lease
+    ran out, or it let go, succeeded or failed without the history saying
+    so) for DEAD_CLAIM_AFTER_MS: nothing will hand it on again but this."""
+    if delivery > looked_for:
+        return SweepVerdict.DROP
+    if state not in ("running", "interrupted") and not (state == "scheduled" and handed_on):
+        return SweepVerdict.DROP
+    if claim is None or claim.delivery < looked_for:
+        return SweepVerdict.LOOK_AGAIN
+    dead_since = claim.alive_until_ms if claim.state == "running" else claim.updated_at_ms
+    return SweepVerdict.OWE if dead_since + DEAD_CLAIM_AFTER_MS <= now_ms else SweepVerdict.LOOK_AGAIN
+
+
+def owed_behind_mark(state: str, handed_on: bool, run_due_ms: int, row_due_ms: int) -> bool:
+    """Whether a schedule row due at ``row_due_ms``, found at or behind its
+    partition's watermark, is still the row its run is owed by: the run
+    (``state``, handed on or not, due at ``run_due_ms``) waits for its
+    first hand-over, a retry or the end of its parking, and is due where
+    this row is. A row handed on is marked with its leader's fence; a run
+    owed by another row (placed again ahead) has that row's due time."""
+    if state == "scheduled" and handed_on:
+        return False
+    return state in ("scheduled", "retrying", "parked") and run_due_ms == row_due_ms
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job: Job
@@ -671,6 +792,23 @@ class ScheduleStore(Protocol):
         engine): its leader reads again then, not at its next periodic read.
         None when there is none, or when the dispatcher delivers such runs
         again itself (the cluster: Kafka)."""
+        ...
+
+    def sweep_owed(self, fences: Fences, now_ms: int) -> int:
+        """The leader's safety net, every few seconds, for the partitions it
+        leads: (a) each run handed on whose look has come due
+        (SWEEP_LOOK_AFTER_MS after its hand-over, or after the last look)
+        and that is still handed on, running or interrupted under a dead
+        claim (sweep_verdict: its worker died after its hand-back failed,
+        or the hand-back was lost) is owed again, once, as its next
+        delivery, by a row ahead of the watermark; (b) each row the
+        watermark passed since the last sweep that still owes its run
+        (owed_behind_mark) is placed again ahead of it. (a) is conditional
+        on the claim as read (two leaders, or a sweep and the worker's own
+        hand-back, owe it once); each look reads only the runs handed on
+        in one SWEEP_BUCKET_MS, never all history. Returns how many runs it
+        owed again. A store whose leader reads runs by their state and
+        claim (the embedded engine) owes them there and sweeps nothing."""
         ...
 
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:

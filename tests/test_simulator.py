@@ -241,7 +241,8 @@ def test_the_watermark_hole_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -
     # The faults pinned, so that a fault kind added later does not move them.
     faults = frozenset({"crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "skew"})
     found = [simulate(SimConfig(seed, jobs=300, hours=0.5, faults=faults)) for seed in (32, 36)]
-    assert all(any(v.kind == "lost" for v in report.violations) for report in found)
+    # Lost, or placed again by the leaders' sweep: late, and found still.
+    assert all(any(v.kind in ("lost", "behind") for v in report.violations) for report in found)
 
 
 def test_leading_on_an_expired_answer_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -413,13 +414,13 @@ def test_runs_recorded_late_lose_no_next_run(seed: int) -> None:
 def test_marks_sent_before_a_run_was_planned_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Recorder, "_held_marks", lambda self, queued: dict(queued.batch.marks))
     report = simulate(recording_outage_world(38))
-    assert any(v.kind == "lost" for v in report.violations), report.violations[:3]
+    assert any(v.kind in ("lost", "behind") for v in report.violations), report.violations[:3]
 
 
 def test_a_retried_recording_that_forgets_what_it_stored_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recording, "planned_before", lambda rows, jobs: [])
     report = simulate(recording_outage_world(46))
-    assert any(v.kind == "lost" for v in report.violations), report.violations[:3]
+    assert any(v.kind in ("lost", "behind") for v in report.violations), report.violations[:3]
 
 
 def test_rows_owed_again_written_behind_the_watermark_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:

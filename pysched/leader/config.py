@@ -19,6 +19,12 @@ class LeaderConfig:
     # out (the embedded engine hands such runs on; ScheduleStore.next_lease_expiry).
     lease_check_ms: int = 1_000
     coordinate_every_ms: int = 1_000
+    # How often the leader sweeps for runs nothing else would hand on again
+    # (ScheduleStore.sweep_owed): the store groups the runs to look at in
+    # buckets of as long (SWEEP_BUCKET_MS), so a sweep reads about one
+    # bucket per partition led, and a dead worker's run waits at most this
+    # long past the sweep's own grace.
+    sweep_every_ms: int = 10_000
     # How often quiet partitions' watermarks are moved up to now: what a new
     # leader may send again after a failover.
     watermark_every_ms: int = 5_000

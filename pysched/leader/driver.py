@@ -8,9 +8,11 @@ from typing import Literal
 
 from pysched.leader.partition_leader import PartitionLeader
 
-Part = Literal["coordinate", "load", "tick", "record"]
+Part = Literal["coordinate", "load", "tick", "record", "sweep"]
 # The order of one round unless told otherwise: a grant is acted on by the
-# tick, which asks for a read, which the next round's tick applies.
+# tick, which asks for a read, which the next round's tick applies. The
+# sweep, which acts only every few seconds, ends every round whatever the
+# order (a simulator's seeds shuffle these four and replay as before).
 ROUND: tuple[Part, ...] = ("coordinate", "tick", "load", "record")
 
 
@@ -23,6 +25,7 @@ class SyncDriver:
             "load": leader.loader.step,
             "tick": leader.tick,
             "record": leader.recorder.step,
+            "sweep": leader.sweeper.step,
         }
 
     def step(self, part: Part, now: int) -> bool:
@@ -30,10 +33,10 @@ class SyncDriver:
         return self._steps[part](now)
 
     def round(self, now: int, order: Sequence[Part] = ROUND) -> None:
-        """Each part once, in ``order``; the coordinator only as often as
-        the leader's configuration says, and the recorder until it has
-        nothing more it can record now."""
-        for part in order:
+        """Each part once, in ``order`` (the sweep last unless named); the
+        coordinator only as often as the leader's configuration says, and
+        the recorder until it has nothing more it can record now."""
+        for part in (*order, "sweep") if "sweep" not in order else order:
             if part == "coordinate":
                 if now < self._next_coordinate:
                     continue

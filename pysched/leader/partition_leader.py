@@ -15,6 +15,7 @@ from pysched.leader.guard import ranges
 from pysched.leader.leases import LeaseKeeper
 from pysched.leader.loading import Loader
 from pysched.leader.recording import Recorder, SentBatch
+from pysched.leader.sweeping import Sweeper
 from pysched.protocols import Coordinator, Dispatcher, Run, ScheduleStore
 
 log = logging.getLogger("pysched.leader")
@@ -32,7 +33,8 @@ class PartitionLeader:
     - ``leases.step``: one coordinator poll;
     - ``loader.step``: at most one store read;
     - ``tick``: act on what the others produced and fire what is due;
-    - ``recorder.step``: record one sent batch.
+    - ``recorder.step``: record one sent batch;
+    - ``sweeper.step``: at most one sweep for runs owed again.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class PartitionLeader:
         self.loader = Loader(store, cfg, lambda: self.fences, lambda: self.cache.generation)
         self.publisher = Publisher(dispatcher, cfg)
         self.recorder = Recorder(store, cfg, on_dispatch, on_batch)
+        self.sweeper = Sweeper(store, cfg, lambda: self.fences)
         self._next_watermark = 0
         self._standby_logged = False
 
@@ -183,6 +186,12 @@ class PartitionLeader:
                 name="pysched-loader",
                 daemon=True,
             ),
+            threading.Thread(
+                target=self._repeat,
+                args=(self.sweeper.step, min(cfg.sweep_every_ms, 1_000), stop),
+                name="pysched-sweeper",
+                daemon=True,
+            ),
             threading.Thread(target=self._record_loop, args=(stop,), name="pysched-recorder", daemon=True),
         ]
         for t in parts:
@@ -197,7 +206,7 @@ class PartitionLeader:
                 self.clock.sleep((cfg.tick_ms - self.clock.now_ms() % cfg.tick_ms) / 1000)
         finally:
             stop.set()
-            for t, wait_s in zip(parts, (10, 30, 60), strict=True):
+            for t, wait_s in zip(parts, (10, 30, 30, 60), strict=True):
                 t.join(wait_s)  # the recorder last: what was sent gets recorded
             self.hand_over()
 

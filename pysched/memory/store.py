@@ -34,14 +34,19 @@ from pysched.clock import Clock
 from pysched.memory.claims import ClaimTables
 from pysched.memory.faults import FaultHook, Guard
 from pysched.memory.rows import replace_row
+from pysched.memory.sweep import SweepTables
 from pysched.model import Job, Overlap
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
+    ABANDONED,
     AHEAD_OF_WATERMARK_MS,
     NEAR_MS,
     SETTLE_MS,
+    SWEEP_LOOK_AFTER_MS,
+    SWEEP_LOOKBACK_MS,
     AttemptCount,
     BreakerRow,
+    ClaimSeen,
     DispatchOutcome,
     FailedAttempt,
     Fences,
@@ -58,12 +63,16 @@ from pysched.protocols import (
     Run,
     RunNotFound,
     RunRecord,
+    SweepLook,
+    SweepVerdict,
     add_read_run,
+    buckets_due,
     check_triggerable,
     delivery_for,
     is_near,
     log_stale_plans,
     next_attempt,
+    owed_behind_mark,
     owed_where_written,
     placed_ahead,
     replaced_runs,
@@ -71,6 +80,7 @@ from pysched.protocols import (
     shown_attempt,
     still_owed,
     stored_runs,
+    sweep_verdict,
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key, run_id_for
@@ -183,6 +193,13 @@ class ScheduleTables:
         # run's row keeps only the last; a simulator's checker holds every
         # retry to its time.
         self.retries_due: dict[tuple[str, int, int], dict[int, int]] = {}
+        # The leader's sweep: the runs handed on, by when each is looked at.
+        self.sweep = SweepTables()
+        # Each row the sweep found still owing its run at or behind the
+        # watermark, by run key: when it was due. Placement ahead of the
+        # watermark should leave the sweep none to find; a simulator's
+        # checker names each as the hole it is.
+        self.found_behind: dict[tuple[str, int, int], int] = {}
 
     # -- read back by a simulator's checker ------------------------------------
 
@@ -252,6 +269,8 @@ class MemoryScheduleStore:
         # The watermarks this client last read or moved: it moves one only
         # a WATERMARK_STEP_MS past that, as the Cassandra client does.
         self._wm_cache: dict[int, int] = {}
+        # Per partition, the watermark this client's last sweep read up to.
+        self._swept_marks: dict[int, int] = {}
 
     # -- registration ---------------------------------------------------------
 
@@ -572,6 +591,110 @@ class MemoryScheduleStore:
     def next_lease_expiry(self, fences: Fences, after_ms: int) -> int | None:
         return None  # Kafka delivers a dead worker's run again itself
 
+    # -- the leader's sweep (stores/cassandra_sweep.py) -------------------------
+
+    def sweep_owed(self, fences: Fences, now_ms: int) -> int:
+        with self._op("sweep_owed"):
+            # As finish_dispatch: nothing of a partition a newer leader took.
+            led = [p for p, f in sorted(fences.items()) if p in self.tables.marks and self.tables.marks[p].fence <= f]
+            marks = {p: self.tables.marks[p].fired_through_ms for p in led}
+        owed = 0
+        for p in led:
+            owed += self._sweep_handed_on(p, now_ms) + self._sweep_behind(p, marks[p])
+        return owed
+
+    def _sweep_handed_on(self, partition: int, now_ms: int) -> int:
+        """(a) of sweep_owed: the looks come due, each bucket dropped once
+        what it asks is done (a sweep that dies half-way reads it again)."""
+        owed = 0
+        with self._op("sweep_looks"):
+            buckets = buckets_due(self.tables.sweep.swept_through.get(partition), now_ms)
+            looks = [(b, self.tables.sweep.bucket(partition, b)) for b in buckets]
+        for bucket, rows in looks:
+            for look in rows:
+                with self._op("sweep_look"):
+                    verdict, seen = self._verdict(look, now_ms)
+                    if verdict is SweepVerdict.LOOK_AGAIN:
+                        self.tables.sweep.add(look, now_ms + SWEEP_LOOK_AFTER_MS)
+                if verdict is SweepVerdict.OWE and seen is not None and self._owe_again(look, seen, now_ms):
+                    owed += 1
+            with self._op("sweep_done"):
+                self.tables.sweep.drop(partition, bucket)
+                self.tables.sweep.swept_through[partition] = bucket
+        return owed
+
+    def _verdict(self, look: SweepLook, now_ms: int) -> tuple[SweepVerdict, ClaimSeen | None]:
+        row = self.tables.runs.get(look.job_id, {}).get((look.run_at_ms, look.attempt_group))
+        claims = self.tables.claims
+        if row is None or claims is None:
+            return SweepVerdict.DROP, None  # pruned, or of a job replaced since
+        claim = claims.rows.get(look.record().idempotency_key)
+        # The memory claims keep a running claim's lease on its row, moved
+        # by every heartbeat: its end is its holder's last sign of life.
+        seen = (
+            None
+            if claim is None
+            else ClaimSeen(claim.state, claim.updated_at_ms, claim.delivery, claim.lease_expires_ms)
+        )
+        verdict = sweep_verdict(row.state, row.dispatched_at_ms is not None, row.delivery, look.delivery, seen, now_ms)
+        return verdict, seen
+
+    def _owe_again(self, look: SweepLook, seen: ClaimSeen, now_ms: int) -> bool:
+        """The cluster's: the claim let go of, on the condition that it is
+        still as seen (one of two sweeps, or the sweep or the worker's own
+        hand-back, wins), then a row ahead of the watermark, read as the
+        delivery after the one looked for."""
+        claims = self.tables.claims
+        assert claims is not None  # _verdict owes nothing without them
+        record = look.record()
+        mark = self.watermarks().get(look.partition)
+        with self._op("sweep_owe"):
+            key = record.idempotency_key
+            with claims.lock:  # the cluster's lightweight transaction on the claim
+                claim = claims.rows.get(key)
+                if claim is None or (claim.state, claim.updated_at_ms) != (seen.state, seen.updated_at_ms):
+                    return False
+                # Its holder taken away too: a worker that was only cut off,
+                # and hands the run back now, finds its claim no longer its
+                # own (complete is False) and leaves the run to this delivery.
+                state = "released" if claim.state == "running" else claim.state
+                claims.rows[key] = replace_row(claim, state=state, holder=ABANDONED, updated_at_ms=now_ms)
+            self._op.midway("sweep_owe")
+            due = placed_ahead(now_ms + HAND_BACK_MS, mark)
+            self._schedule_again(record, due, look.delivery)
+            self.tables.bump(look.partition)
+        log.warning("owed again a run of job %s whose claim is dead: its worker died unheard", look.job_id)
+        self._keep_owed_ahead(record, due, look.delivery, None, sets_due=False)
+        return True
+
+    def _sweep_behind(self, partition: int, mark: int) -> int:
+        """(b) of sweep_owed: the rows never handed on (no fence) that the
+        watermark passed since this client's last sweep, placed again ahead
+        of it where they still owe their run, as a late write of theirs is."""
+        since = self._swept_marks.get(partition, mark - SWEEP_LOOKBACK_MS)
+        if mark <= since:
+            return 0
+        with self._op("sweep_behind"):
+            owed: list[tuple[ScheduleRow, RunRow]] = []
+            for r in self.tables.read_schedule(partition, since, mark + 1):
+                run = self.tables.runs.get(r.job_id, {}).get((r.run_at_ms, r.attempt_group))
+                handed_on = run is not None and run.dispatched_at_ms is not None
+                if r.fence is None and run is not None and owed_behind_mark(run.state, handed_on, run.due_ms, r.due_ms):
+                    owed.append((r, run))
+        for r, run in owed:
+            log.warning("a run of job %s was owed by a row behind the watermark: placed again ahead", r.job_id)
+            with self._op("sweep_found"):
+                self.tables.found_behind.setdefault((r.job_id, r.run_at_ms, r.attempt_group), r.due_ms)
+            if run.state == "scheduled" and r.attempt_group == 0:
+                self._keep_ahead({r.job_id: (partition, PlannedRun(r.run_at_ms, r.due_ms))})
+                continue
+            record = DispatchRecord(
+                r.run_id, r.job_id, r.run_at_ms, r.due_ms, partition, r.attempt, r.attempt_group, 0, 0
+            )
+            self._keep_owed_ahead(record, r.due_ms, r.attempt, None, sets_due=True)
+        self._swept_marks[partition] = mark
+        return len(owed)
+
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
         with self._op("planning_state"):
             out: dict[str, JobPlanState] = {}
@@ -614,6 +737,8 @@ class MemoryScheduleStore:
     def _mark_dispatched(self, run: Run, fence: int, now_ms: int) -> None:
         if self._of_replaced(run.job_id, run.run_at_ms):
             return
+        # In the same batch as its marks on the cluster: the sweep's look.
+        self.tables.sweep.add(SweepLook.of(run), now_ms + SWEEP_LOOK_AFTER_MS)
         key = (run.run_at_ms, run.attempt_group)
         row = self.tables.runs.get(run.job_id, {}).get(key)
         if row is None:  # an update creates the row on Cassandra

@@ -296,6 +296,18 @@ def check_settled(runs: Mapping[str, Mapping[tuple[int, int], RunRow]], horizon_
     return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
 
 
+def check_found_behind(found: Mapping[tuple[str, int, int], int]) -> list[Violation]:
+    """No run is owed by a row its watermark has passed: each write of one
+    is placed ahead, and checked again after. The leaders' sweep places
+    such a row again (``found``: run key -> the row's due time), so the run
+    is late, not lost; that it had one to find is the hole."""
+    out = [
+        Violation("behind", f"{idempotency_key(*run)} was owed by a row behind the watermark (due {due})", due)
+        for run, due in found.items()
+    ]
+    return sorted(out, key=lambda v: (v.at_ms, v.kind, v.detail))
+
+
 def check_dead_letters(dead: Mapping[str, int], lost: Collection[str]) -> list[Violation]:
     """In a world whose downstream never went down, no run fails for good:
     a flaky run's retries outnumber its failures. ``dead``: the dead

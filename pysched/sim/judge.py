@@ -23,6 +23,7 @@ from pysched.sim.invariants import (
     check_catch_up,
     check_dead_letters,
     check_ends,
+    check_found_behind,
     check_lane,
     check_policies,
     check_retry_waits,
@@ -157,6 +158,7 @@ def judge_runs(judged: JudgedWorld, leader_config: LeaderConfig) -> tuple[list[V
     by_id = {job.id: job for job in judged.jobs}
     violations += check_ends(owed, ledger, judged.runs, changed.changed)
     violations += check_policies(owed, missed, by_id, changed.paused)
+    violations += check_found_behind(world.cluster.schedule.found_behind)
     if world.plan.blackout_ms is not None:
         down, up = world.plan.blackout_ms
         # The round before the outage handed on nothing due after it, but

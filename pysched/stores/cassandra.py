@@ -18,6 +18,8 @@ Tables (keyspace from the config):
 - ``claims``: the authoritative idempotency claims (see claims/redis_cassandra).
 - ``breakers``, ``attempt_counts``: circuit breakers and the retry
   budget's counts, per downstream (see stores/cassandra_breakers).
+- ``sweep_looks``, ``sweep_cursors``: the runs handed on, for the leader's
+  sweep to look at (see stores/cassandra_sweep).
 - ``meta``: what is fixed when the keyspace is created: the partition count,
   which every client reads instead of taking it from its configuration.
 
@@ -34,7 +36,7 @@ redrive: _keep_owed_ahead), whose due time was set before the write landed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, replace
 from typing import Any
@@ -53,8 +55,11 @@ from pysched.protocols import (
     NEAR_MS,
     PRUNED_STATE,
     SETTLE_MS,
+    SWEEP_LOOK_AFTER_MS,
+    SWEEP_LOOKBACK_MS,
     AttemptCount,
     BreakerRow,
+    ClaimSeen,
     DispatchOutcome,
     FailedAttempt,
     Fences,
@@ -72,12 +77,16 @@ from pysched.protocols import (
     Run,
     RunNotFound,
     RunRecord,
+    SweepLook,
+    SweepVerdict,
     add_read_run,
+    buckets_due,
     check_triggerable,
     delivery_for,
     is_near,
     log_stale_plans,
     next_attempt,
+    owed_behind_mark,
     owed_where_written,
     placed_ahead,
     replaced_runs,
@@ -85,6 +94,7 @@ from pysched.protocols import (
     shown_attempt,
     still_owed,
     stored_runs,
+    sweep_verdict,
     within_fences,
 )
 from pysched.records import DispatchRecord, idempotency_key, run_id_for
@@ -92,6 +102,7 @@ from pysched.retention import PRUNED_CLAIM_KEPT_MS
 from pysched.stores import cassandra_breakers as breaker_tables
 from pysched.stores import cassandra_job_ids as job_id_tables
 from pysched.stores import cassandra_slots as slot_tables
+from pysched.stores import cassandra_sweep as sweep_tables
 from pysched.stores.cassandra_rows import applied, named_rows
 from pysched.stores.cql_tables import Batch, Bound, CqlTables, DriverTables, Prepared
 
@@ -237,6 +248,7 @@ SCHEMA = [
     *job_id_tables.SCHEMA,
     *breaker_tables.SCHEMA,
     *slot_tables.SCHEMA,
+    *sweep_tables.SCHEMA,
 ]
 
 
@@ -325,7 +337,11 @@ class _Registered:
 
 
 class CassandraScheduleStore:
-    def __init__(self, tables: CqlTables, config: ClusterConfig) -> None:
+    def __init__(
+        self, tables: CqlTables, config: ClusterConfig, run_held: Callable[[str], int | None] | None = None
+    ) -> None:
+        """``run_held``: how long etcd still holds a run's key (EtcdRunLeases.held_for_ms),
+        for the leader's sweep to tell a dead worker's run from a live one's."""
         self.tables = tables
         # The keyspace's count, not the configuration's: the partitions
         # every node leads (ensure_schema writes it, and checks the
@@ -560,7 +576,14 @@ class CassandraScheduleStore:
         )
         self._breakers = breaker_tables.CassandraBreakers(tables, ks)
         self._slots = slot_tables.CassandraSlots(tables, ks, self._wake_waiting)
+        self._sweep = sweep_tables.CassandraSweep(tables, ks, run_held)
+        self._swept_run = p(
+            f"SELECT state, dispatched_at_ms, due_ms, delivery FROM {ks}.runs"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+        )
         self._wm_cache: dict[int, int] = {}
+        # Per partition, the watermark this client's last sweep read up to.
+        self._swept_marks: dict[int, int] = {}
 
     # -- registration ---------------------------------------------------------
 
@@ -967,6 +990,101 @@ class CassandraScheduleStore:
     def next_lease_expiry(self, fences: Fences, after_ms: int) -> int | None:
         return None  # Kafka delivers a dead worker's run again itself
 
+    # -- the leader's sweep (stores/cassandra_sweep.py) -------------------------
+
+    def sweep_owed(self, fences: Fences, now_ms: int) -> int:
+        if not fences:
+            return 0
+        # As finish_dispatch: nothing of a partition a newer leader took.
+        floors = {int(r.partition): int(r.fence or 0) for r in self.tables.execute(self._watermark_fences)}
+        marks = self.watermarks()
+        owed = 0
+        for p, fence in sorted(fences.items()):
+            if floors.get(p, 0) <= fence:
+                owed += self._sweep_handed_on(p, now_ms) + self._sweep_behind(p, marks.get(p))
+        return owed
+
+    def _sweep_handed_on(self, partition: int, now_ms: int) -> int:
+        """(a) of sweep_owed: the looks come due; a bucket is dropped once
+        what it asks is done (a sweep that dies half-way reads it again)."""
+        owed = 0
+        for bucket in buckets_due(self._sweep.swept_through(partition), now_ms):
+            looks = self._sweep.looks(partition, bucket)
+            args = [(look.job_id, look.run_at_ms, look.attempt_group) for look in looks]
+            runs = self.tables.execute_many([(self._swept_run, a) for a in args], 64) if args else []
+            claims = self._sweep.claims_seen(looks, now_ms)
+            again: list[SweepLook] = []
+            for look, (ok, result), claim in zip(looks, runs, claims, strict=True):
+                if not ok:
+                    raise result
+                run = result.one()
+                if run is None or run.state is None:
+                    continue  # pruned, or of a job replaced since
+                seen = None if claim is None else claim[0]
+                handed_on = run.dispatched_at_ms is not None
+                verdict = sweep_verdict(run.state, handed_on, _delivery(run), look.delivery, seen, now_ms)
+                if verdict is SweepVerdict.LOOK_AGAIN:
+                    again.append(look)
+                elif verdict is SweepVerdict.OWE and claim is not None and self._owe_again(look, *claim, now_ms):
+                    owed += 1
+            self._sweep.look_again(again, now_ms + SWEEP_LOOK_AFTER_MS)
+            self._sweep.done(partition, bucket, bool(looks))
+        return owed
+
+    def _owe_again(self, look: SweepLook, seen: ClaimSeen, holder: str, now_ms: int) -> bool:
+        """The dead claim let go of if still as read, then a row ahead of
+        the watermark, read as the delivery after the one looked for."""
+        if not self._sweep.let_go(look, seen, holder, now_ms):
+            return False  # changed since: taken over, or handed back by its worker
+        record = look.record()
+        due = placed_ahead(now_ms + HAND_BACK_MS, self.watermarks().get(look.partition))
+        key = (look.job_id, look.run_at_ms, look.attempt_group)
+        row = (due // BUCKET_MS, look.partition, due, look.run_id, *key, look.delivery, None)
+        self.tables.execute(self._hand_back_schedule, row)
+        self.tables.execute(self._bump, (look.partition,))
+        log.warning("owed again a run of job %s whose claim is dead: its worker died unheard", look.job_id)
+        self._keep_owed_ahead(record, due, look.delivery, None, sets_due=False)
+        return True
+
+    def _sweep_behind(self, partition: int, mark: int | None) -> int:
+        """(b) of sweep_owed: the rows never handed on (no fence) that the
+        watermark passed since this client's last sweep, placed again ahead
+        of it where they still owe their run, as a late write of theirs is."""
+        if mark is None:
+            return 0
+        since = self._swept_marks.get(partition, mark - SWEEP_LOOKBACK_MS)
+        if mark <= since:
+            return 0
+        args = [(b, partition, since, mark + 1) for b in range(since // BUCKET_MS, mark // BUCKET_MS + 1)]
+        unsent = []
+        for ok, result in self.tables.execute_many([(self._bucket, a) for a in args], 64):
+            if not ok:
+                raise result
+            unsent += [r for r in result if r.job_id is not None and r.fence is None]
+        keys = [(r.job_id, r.run_at_ms, r.attempt_group) for r in unsent]
+        runs = self.tables.execute_many([(self._swept_run, k) for k in keys], 64) if keys else []
+        owed = 0
+        for r, (ok, result) in zip(unsent, runs, strict=True):
+            if not ok:
+                raise result
+            run = result.one()
+            if run is None or run.state is None or run.due_ms is None:
+                continue
+            if not owed_behind_mark(run.state, run.dispatched_at_ms is not None, int(run.due_ms), int(r.due_ms)):
+                continue
+            owed += 1
+            log.warning("a run of job %s was owed by a row behind the watermark: placed again ahead", r.job_id)
+            if run.state == "scheduled" and r.attempt_group == 0:
+                self._keep_ahead({r.job_id: (partition, PlannedRun(r.run_at_ms, r.due_ms))})
+                continue
+            delivery = int(r.attempt or 0)
+            record = DispatchRecord(
+                r.run_id, r.job_id, r.run_at_ms, r.due_ms, partition, delivery, r.attempt_group, 0, 0
+            )
+            self._keep_owed_ahead(record, r.due_ms, delivery, None, sets_due=True)
+        self._swept_marks[partition] = mark
+        return owed
+
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
         ids = list(job_ids)
         out: dict[str, JobPlanState] = {}
@@ -1007,6 +1125,8 @@ class CassandraScheduleStore:
                 batch.append(
                     (self._mark_schedule, (r.attempt, fence, r.due_ms // BUCKET_MS, r.partition, r.due_ms, r.run_id))
                 )
+                # The sweep's look at it, in the same request: no round trip more.
+                self._sweep.add_look(batch, SweepLook.of(r), now_ms + SWEEP_LOOK_AFTER_MS)
                 marks_batches.append(Batch(batch, logged=False))
             for ok, result in self.tables.execute_many(marks_batches, concurrency=128):
                 if not ok:

@@ -404,6 +404,14 @@ class SQLiteScheduleStore:
         )
         return None if row is None or row[0] is None else int(row[0])
 
+    def sweep_owed(self, fences: Fences, now_ms: int) -> int:
+        # Nothing to sweep: due_runs reads runs by their state and claim
+        # (_ELIGIBLE), never from a watermark. A running run whose claim was
+        # let go of, or whose lease has run out, is owed again there (and
+        # next_lease_expiry has its leader read it then); one dispatched
+        # under an older fence too; and a row cannot land behind a mark.
+        return 0
+
     def planning_state(self, job_ids: Collection[str]) -> dict[str, JobPlanState]:
         conn = self.db.connection()
         ids = list(job_ids)
