@@ -197,14 +197,13 @@ def test_the_stale_plan_hole_put_back_is_found(monkeypatch: pytest.MonkeyPatch) 
     assert "unowed" in kinds[36], kinds
 
 
-# Open: a pause that lands between a leader's send of a run and its record
-# takes that run for the one it holds (the job's next run until the record
-# moves it on), though it was handed on and a worker ran it: the resume owes
-# it again, and it is left scheduled for good (seeds 1004 and 1023 of the
-# flaky worlds), or counts it missed though it ran (seeds 9, 31, 34, 35, 36
-# and 40 of the catch-up worlds). Strict: the fix makes these pass, and its
-# marker goes with it.
-@pytest.mark.xfail(strict=True, reason="a pause racing a recording holds a run already handed on")
+# A pause that lands between a leader's send of a run and its record took
+# that run for the one it holds (the job's next run until the record moves
+# it on), though it was handed on and a worker ran it: the resume owed it
+# again, and it was left scheduled for good (seeds 1004 and 1023 of the
+# flaky worlds), or counted it missed though it ran (seeds 9, 31, 34, 35, 36
+# and 40 of the catch-up worlds). A run handed on is not the pause's to
+# hold (protocols.held_by_pause; tests/test_contract_pause_races.py).
 @pytest.mark.parametrize("seed", (1004, 1023))
 def test_a_pause_between_a_send_and_its_record_holds_no_run_handed_on(seed: int) -> None:
     report = simulate(changing_world(seed, flaky=0.3))
