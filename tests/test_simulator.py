@@ -223,6 +223,20 @@ def test_the_checker_orders_starts_after_changes_by_the_calls_made() -> None:
     paused = ChangedOwed(pauses={"j": [Pause(50, 150, 1, 2)]})
     (violation,) = check_changes(ledger, paused, 10_000)
     assert violation.kind == "paused" and "j:200:0" in violation.detail
+    # Due by the pause, it may have been taken by a worker before it, which
+    # checks its job once, when it takes it.
+    taken = ChangedOwed(pauses={"j": [Pause(50, 150, 1, 2, taken_before=frozenset({"j:200:0"}))]})
+    assert check_changes(ledger, taken, 10_000) == []
+
+
+def test_a_run_a_worker_took_before_its_job_was_paused_may_still_start() -> None:
+    # Timed world 13: a run handed on well before the pause, its job read
+    # when its worker took it, waited for a free place and was called about
+    # a second after the pause, as a Kubernetes Job created before its
+    # CronJob's suspend, or an APScheduler job already submitted to its
+    # executor (README, Pause and resume).
+    report = simulate(SimConfig(13, jobs=100, hours=0.25, fault_count=6, target_time=True, changes=True))
+    assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
 
 
 def test_a_seed_replays_the_same_world() -> None:
