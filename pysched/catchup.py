@@ -61,6 +61,18 @@ def next_run(job: Job, jitter_ms: int, run_at_ms: int, now_ms: int) -> tuple[Pla
     return planned, MissedRuns(job.id, first, after + 1 if nxt is None else nxt, reason)
 
 
+def held_after_sent(job: Job, jitter_ms: int, sent_run_at_ms: int) -> PlannedRun | None:
+    """What a pause holds of a job whose next run, at ``sent_run_at_ms``,
+    was handed on before the pause reached it: the schedule's time after
+    that run, as its leader's record would have planned it (None: the
+    schedule has none). Never the run handed on: it runs, or its worker
+    records it missed, once."""
+    if not recurrence.is_recurring(job.schedule):
+        return None
+    nxt = recurrence.next_after(job.schedule, sent_run_at_ms)
+    return None if nxt is None else PlannedRun(nxt, nxt + jitter_ms)
+
+
 def on_resume(
     job: Job, jitter_ms: int, held: PlannedRun | None, now_ms: int
 ) -> tuple[PlannedRun | None, MissedRuns | None]:

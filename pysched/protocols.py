@@ -244,6 +244,15 @@ def runs_behind(
 ABANDONED = "(abandoned)"
 
 
+def held_by_pause(state: str | None, dispatched_at_ms: int | None) -> bool:
+    """Whether a paused job's next run, its row in ``state`` handed on at
+    ``dispatched_at_ms``, is held by the pause: never handed on. A run sent
+    before the pause reached it (a pause between its leader's send and the
+    record of it, which marks a held row handed on) is its worker's: it runs,
+    or is recorded missed by a worker that finds the job paused."""
+    return state == "paused" and dispatched_at_ms is None
+
+
 def still_owed(state: str, worker: str | None, started_by: str | None) -> bool:
     """Whether a run rejected for its fence is still owed, given its row's
     ``state`` and ``worker``: not when it started elsewhere, finished or was
@@ -387,6 +396,12 @@ class JobRecord:
     # was of the cancelled job this one replaced (replaced_runs). 0: the
     # job replaced none.
     runs_since_ms: int = 0
+    # Of a paused job whose next run had been handed on when the pause came
+    # (between its leader's send and its record: the run is its worker's,
+    # not the pause's to hold): that run's schedule time. The pause then
+    # holds none (``next_run`` is None) and a resume plans from the
+    # schedule's time after it (catchup.held_after_sent).
+    sent_before_pause_ms: int | None = None
 
 
 # Job states a run can be triggered in: a completed one-shot may be run
@@ -747,16 +762,22 @@ class ScheduleStore(Protocol):
         """Stop an active job firing: its run waiting to be handed on is
         held (state ``paused``, out of every leader's wheel) until
         resume_job. Runs already handed on (a worker finds the job paused
-        and records them missed), running, or waiting for a retry of an
-        earlier fire go on. Raises JobNotFound, JobNotActive."""
+        and records them missed, from ``paused`` too: a pause that lands
+        between a leader's send and its record holds a run it cannot tell
+        from a waiting one), running, or waiting for a retry of an earlier
+        fire go on; the job's next run, found handed on, is not held
+        (JobRecord.sent_before_pause_ms). Raises JobNotFound,
+        JobNotActive."""
         ...
 
     def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
         """A paused job active again (completed when ``next_run`` is None):
         its held run becomes ``next_run`` when they are the same schedule
-        time, and is recorded missed otherwise; ``missed`` is kept (the core
-        decides both by the job's catch-up policy, catchup.on_resume).
-        Raises JobNotFound, JobNotActive (a job that is not paused)."""
+        time, and is recorded missed otherwise; a run handed on before the
+        pause (held_by_pause false) is left to its worker, neither written
+        again nor recorded missed; ``missed`` is kept (the core decides
+        both by the job's catch-up policy, catchup.on_resume). Raises
+        JobNotFound, JobNotActive (a job that is not paused)."""
         ...
 
     def history(self, job_id: str, limit: int = 50) -> list[RunRecord]:

@@ -56,5 +56,11 @@ def resume(store: ScheduleStore, job_id: str, now_ms: int) -> JobRecord:
     current = store.get_job(job_id)
     if current.state != "paused":
         raise JobNotActive(f"job {job_id!r} is {current.state}, not paused")
-    planned, missed = catchup.on_resume(current.job, current.jitter_ms, current.next_run, now_ms)
+    held = current.next_run
+    if current.sent_before_pause_ms is not None:
+        held = catchup.held_after_sent(current.job, current.jitter_ms, current.sent_before_pause_ms)
+        if held is None:
+            # Its last run was handed on before the pause: nothing follows.
+            return store.resume_job(job_id, None, None, now_ms)
+    planned, missed = catchup.on_resume(current.job, current.jitter_ms, held, now_ms)
     return store.resume_job(job_id, planned, missed, now_ms)

@@ -69,6 +69,7 @@ from pysched.protocols import (
     buckets_due,
     check_triggerable,
     delivery_for,
+    held_by_pause,
     is_near,
     log_stale_plans,
     next_attempt,
@@ -443,16 +444,29 @@ class MemoryScheduleStore:
                 raise JobNotActive(f"job {job_id!r} is {current.state}, not active")
             self.tables.jobs[job_id] = replace_row(current, state="paused", updated_at_ms=now_ms)
             held = current.next_run
-            if held is not None:
+            if held is not None and self._hold(job_id, current.partition, held):
                 # Out of the schedule, so no leader reads it again; its run
                 # row and the job's pointer say which run it was.
                 self.tables.delete_schedule(current.partition, held.due_ms, run_id_for(job_id, held.run_at_ms, 0))
-                key = (held.run_at_ms, 0)
-                row = self.tables.runs.get(job_id, {}).get(key)
-                if row is not None:
-                    self.tables.upsert_run(job_id, key, replace_row(row, state="paused"))
             self.tables.bump(current.partition)
             return self._record(self.tables.jobs[job_id])
+
+    def _hold(self, job_id: str, partition: int, held: PlannedRun) -> bool:
+        """The Cassandra store's: the pause holds the job's next run while
+        it waits to be handed on, a row not yet written (IF NOT EXISTS) or
+        one scheduled and never marked sent (IF state = 'scheduled' AND
+        dispatched_at_ms = null); a run handed on, started or ended is not
+        held."""
+        key = (held.run_at_ms, 0)
+        row = self.tables.runs.get(job_id, {}).get(key)
+        if row is None:
+            run_id = run_id_for(job_id, held.run_at_ms, 0)
+            self.tables.upsert_run(job_id, key, RunRow(job_id, *key, run_id, held.due_ms, partition, "paused"))
+            return True
+        if row.state != "scheduled" or row.dispatched_at_ms is not None:
+            return False
+        self.tables.upsert_run(job_id, key, replace_row(row, state="paused"))
+        return True
 
     def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
         marks = self.watermarks()
@@ -472,7 +486,8 @@ class MemoryScheduleStore:
             if held is not None and (first is None or first.run_at_ms != held.run_at_ms):
                 key = (held.run_at_ms, 0)
                 row = self.tables.runs.get(job_id, {}).get(key)
-                if row is not None:
+                # Only a run still held: one handed on is its worker's.
+                if row is not None and held_by_pause(row.state, row.dispatched_at_ms):
                     missed_row = replace_row(
                         row, state="missed", ended_at_ms=now_ms, error="missed: the job was paused"
                     )
@@ -876,7 +891,9 @@ class MemoryScheduleStore:
             if self._of_replaced(record.job_id, record.run_at_ms):
                 return
             row = self._run_for(record)
-            if row.state not in ("scheduled", "dispatched", "parked"):
+            # A run a pause held after it was sent, before its send was
+            # recorded, is missed too.
+            if row.state not in ("scheduled", "dispatched", "parked", "paused"):
                 return
             self._put_run(record, replace_row(row, state="missed", ended_at_ms=now_ms, error=error, result=None))
             self.tables.keep_missed(missed)
@@ -1197,10 +1214,17 @@ class MemoryScheduleStore:
             raise JobNotFound(f"no job {job_id!r}")
         return row
 
-    @staticmethod
-    def _record(row: JobRow) -> JobRecord:
+    def _record(self, row: JobRow) -> JobRecord:
         nxt = row.next_run if row.state in ("active", "paused") else None
-        return JobRecord(row.job, row.state, row.partition, row.jitter_ms, row.created_at_ms, nxt, row.runs_since_ms)
+        sent = None
+        if row.state == "paused" and nxt is not None:
+            # Whether the pause holds its next run, or found it handed on.
+            held = self.tables.runs.get(row.job.id, {}).get((nxt.run_at_ms, 0))
+            if held is not None and not held_by_pause(held.state, held.dispatched_at_ms):
+                sent, nxt = nxt.run_at_ms, None
+        return JobRecord(
+            row.job, row.state, row.partition, row.jitter_ms, row.created_at_ms, nxt, row.runs_since_ms, sent
+        )
 
     @staticmethod
     def _not_before_now(run: PlannedRun | None, now_ms: int) -> PlannedRun | None:

@@ -12,8 +12,9 @@ from pysched.sim.owed_changes import ChangedOwed
 
 def check_changes(ledger: Ledger, owed: ChangedOwed, horizon_ms: int) -> list[Violation]:
     """No run starts once a change took its schedule away, nor while its
-    job is paused (ordered by the calls made: Ledger.first_call); each
-    redrive before ``horizon_ms`` brought a new attempt of its run."""
+    job is paused, but one a worker may have taken before the pause
+    (ordered by the calls made: Ledger.first_call); each redrive before
+    ``horizon_ms`` brought a new attempt of its run."""
     out: list[Violation] = []
     first_call = ledger.first_call
     for key, calls_before in owed.superseded.items():
@@ -26,7 +27,7 @@ def check_changes(ledger: Ledger, owed: ChangedOwed, horizon_ms: int) -> list[Vi
             if not (key.startswith(prefix) and key.endswith(":0")):
                 continue
             for pause in pauses:
-                if pause.from_call < n <= pause.until_call:
+                if pause.from_call < n <= pause.until_call and key not in pause.taken_before:
                     detail = f"{key} started while its job was paused ({pause.at_ms}, resumed {pause.until_ms})"
                     out.append(Violation("paused", detail, _first_start(ledger, key)))
     for key, at in owed.redriven:

@@ -24,7 +24,11 @@ user expects (checked in change_invariants.py):
   are owed from t, as a registration's at t (a time both schedules name
   is the new one's).
 - pause at p, resume at r: none of the schedule's runs starts in [p, r)
-  (a retry of a run started before p goes on: its first call was before);
+  (a retry of a run started before p goes on: its first call was before;
+  a run due by p may have been taken by a worker before p, and a worker
+  checks its job once, when it takes a run: it may start, as a Kubernetes
+  Job created before its CronJob's suspend, or an APScheduler job already
+  submitted to its executor);
   each time due meanwhile runs after r or is recorded missed, ``paused``,
   as the job's catch-up policy says (run_all replays every time, the others
   pass over some); a run held by the pause is late from r, not its due time.

@@ -5,7 +5,7 @@ never from what the store made of them. The rules are invariants.py's."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pysched.model import Job
 from pysched.sim.changes import AppliedChange
@@ -20,12 +20,17 @@ _STARTED_BY_MS = 5_000 + 200
 @dataclass(frozen=True, slots=True)
 class Pause:
     """A job paused at ``at_ms`` and resumed at ``until_ms``; in calls made
-    before each (Ledger.calls), ``from_call`` and ``until_call``."""
+    before each (Ledger.calls), ``from_call`` and ``until_call``.
+    ``taken_before``: the keys of its schedule's runs due by the pause (on
+    a node's clock, MAX_SKEW_MS ahead), which a worker may have taken
+    before it: such a run may start while the job is paused (README, Pause
+    and resume)."""
 
     at_ms: int
     until_ms: int
     from_call: int
     until_call: int
+    taken_before: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -120,10 +125,14 @@ def _follow(
     for spec, since, until, calls in reversed(spans):
         keys = _place(out, spec, since, (until, calls), later_keys, judged_until_ms, end_ms, quiet_from_ms)
         later_keys |= keys
-    for pause in out.pauses.get(job.id, ()):
-        for run in owed_runs(job, start_ms, pause.until_ms):
+    pauses = out.pauses.get(job.id, [])
+    for i, pause in enumerate(pauses):
+        runs = list(owed_runs(job, start_ms, pause.until_ms))
+        for run in runs:
             if run.due_ms > pause.at_ms - _STARTED_BY_MS:
                 out.held[run.key] = pause.until_ms
+        taken = frozenset(run.key for run in runs if run.due_ms <= pause.at_ms + MAX_SKEW_MS)
+        pauses[i] = replace(pause, taken_before=taken)
 
 
 def _place(

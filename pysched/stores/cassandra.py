@@ -83,6 +83,7 @@ from pysched.protocols import (
     buckets_due,
     check_triggerable,
     delivery_for,
+    held_by_pause,
     is_near,
     log_stale_plans,
     next_attempt,
@@ -410,12 +411,26 @@ class CassandraScheduleStore:
             f"UPDATE {ks}.jobs SET state = ?, next_run_at_ms = ?, next_due_ms = ?, updated_at_ms = ?"
             " WHERE job_id = ? IF state = 'paused'"
         )
+        # A pause holds its job's next run only while it waits to be handed
+        # on (protocols.held_by_pause): a row not yet written (its leader's
+        # record moved the job's pointer, and writes the row next), or one
+        # scheduled and never marked sent. A row the record of its send,
+        # its worker's start or its end wrote meanwhile is not held.
+        self._hold_unwritten_run = p(
+            f"INSERT INTO {ks}.runs (job_id, run_at_ms, attempt_group, run_id, due_ms, partition, state, attempt,"
+            " delivery, ended_attempt) VALUES (?, ?, 0, ?, ?, ?, 'paused', 0, 0, 0) IF NOT EXISTS"
+        )
         self._hold_run = p(
             f"UPDATE {ks}.runs SET state = 'paused' WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
+            " IF state = 'scheduled' AND dispatched_at_ms = null"
         )
+        self._held_state = p(
+            f"SELECT state, dispatched_at_ms FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
+        )
+        # Only a run still held: one handed on is its worker's to record.
         self._missed_while_paused = p(
             f"UPDATE {ks}.runs SET state = 'missed', ended_at_ms = ?, error = 'missed: the job was paused'"
-            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = 0 IF state = 'paused' AND dispatched_at_ms = null"
         )
         self._cancel_run = p(
             f"UPDATE {ks}.runs SET state = 'cancelled', ended_at_ms = ? WHERE job_id = ? AND run_at_ms = ?"
@@ -805,15 +820,32 @@ class CassandraScheduleStore:
         res = self.tables.execute(self._pause_job, (now_ms, job_id))
         if not applied(res):
             raise JobNotActive(f"job {job_id!r} is {res.one().state}, not active")
-        if current.next_run_at_ms is not None:
+        if current.next_run_at_ms is not None and self._hold(job_id, current):
             # Out of the schedule, so no leader reads it again; its run row
             # and the job's pointer say which run it was, for the resume.
             run_id = run_id_for(job_id, current.next_run_at_ms, 0)
             due_ms = current.next_due_ms
             self.tables.execute(self._delete_schedule, (due_ms // BUCKET_MS, current.partition, due_ms, run_id))
-            self.tables.execute(self._hold_run, (job_id, current.next_run_at_ms))
         self.tables.execute(self._bump, (current.partition,))
         return self.get_job(job_id)
+
+    def _hold(self, job_id: str, current: Any) -> bool:
+        """Whether the pause holds the job's next run: the run its pointer
+        names, while it waits to be handed on. Not held (both conditions
+        refused): its leader sent it and recorded so, or a worker started
+        or ended it, before the pause; it keeps its row and schedule row
+        (a new leader may send it again: a worker records it missed while
+        the job is paused, or runs it once resumed, the claim making one
+        effect of two deliveries), and the resume plans from the
+        schedule's time after it (JobRecord.sent_before_pause_ms). A send
+        not yet recorded when the hold lands is held, and its record marks
+        it sent after: then the same."""
+        run_at_ms = current.next_run_at_ms
+        run_id = run_id_for(job_id, run_at_ms, 0)
+        new = (job_id, run_at_ms, run_id, current.next_due_ms, current.partition)
+        if applied(self.tables.execute(self._hold_unwritten_run, new)):
+            return True
+        return applied(self.tables.execute(self._hold_run, (job_id, run_at_ms)))
 
     def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
         current = self._row(job_id)
@@ -838,6 +870,7 @@ class CassandraScheduleStore:
             raise JobNotActive(f"job {job_id!r} is {res.one().state}, not paused")
         held = current.next_run_at_ms
         if held is not None and (first is None or first.run_at_ms != held):
+            # Refused for a run handed on: its worker records what became of it.
             self.tables.execute(self._missed_while_paused, (now_ms, job_id, held))
         self.tables.execute(self._bump, (current.partition,))
         if first is not None:
@@ -1288,8 +1321,9 @@ class CassandraScheduleStore:
         # that fails between the two is repeated whole by the redelivery.
         key = (record.job_id, record.run_at_ms, record.attempt_group)
         row = self.tables.execute(self._run_state, key).one()
-        # A parked run never started: missed when its job was paused.
-        if row is not None and row.state not in (None, "scheduled", "missed", "parked"):
+        # A parked run never started: missed when its job was paused; so is
+        # one a pause held after it was sent, before its send was recorded.
+        if row is not None and row.state not in (None, "scheduled", "missed", "parked", "paused"):
             return
         if row is None and self._of_replaced(record.job_id, record.run_at_ms):
             return
@@ -1618,8 +1652,15 @@ class CassandraScheduleStore:
 
     def _record(self, row: Any) -> JobRecord:
         nxt = None
+        sent = None
         if row.state in ("active", "paused") and row.next_run_at_ms is not None:
             nxt = PlannedRun(row.next_run_at_ms, row.next_due_ms)
+        if row.state == "paused" and nxt is not None:
+            # One read more, of a paused job only: whether the pause holds
+            # its next run, or found it handed on.
+            held = self.tables.execute(self._held_state, (row.job_id, nxt.run_at_ms)).one()
+            if held is not None and not held_by_pause(held.state, held.dispatched_at_ms):
+                nxt, sent = None, row.next_run_at_ms
         return JobRecord(
             job=Job.model_validate_json(row.spec, context=STORED),
             state=row.state,
@@ -1628,6 +1669,7 @@ class CassandraScheduleStore:
             created_at_ms=row.created_at_ms,
             next_run=nxt,
             runs_since_ms=row.runs_since_ms or 0,
+            sent_before_pause_ms=sent,
         )
 
     @staticmethod

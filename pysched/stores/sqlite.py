@@ -253,16 +253,18 @@ class SQLiteScheduleStore:
     def resume_job(self, job_id: str, next_run: PlannedRun | None, missed: MissedRuns | None, now_ms: int) -> JobRecord:
         with self.db.transaction() as conn:
             partition = self._state_is(conn, job_id, "paused")
+            # protocols.held_by_pause: a run handed on is its worker's.
             conn.execute(
                 "UPDATE runs SET state = 'missed', ended_at_ms = ?, error = 'missed: the job was paused'"
-                " WHERE job_id = ? AND state = 'paused' AND run_at_ms != ?",
+                " WHERE job_id = ? AND state = 'paused' AND dispatched_at_ms IS NULL AND run_at_ms != ?",
                 (now_ms, job_id, -1 if next_run is None else next_run.run_at_ms),
             )
             if next_run is not None:
                 conn.execute(
                     "INSERT INTO runs (job_id, run_at_ms, due_ms, partition, state) VALUES (?, ?, ?, ?, 'scheduled')"
                     " ON CONFLICT (job_id, run_at_ms, attempt_group) DO UPDATE SET state = 'scheduled',"
-                    " due_ms = excluded.due_ms, ended_at_ms = NULL WHERE runs.state IN ('paused', 'cancelled')",
+                    " due_ms = excluded.due_ms, ended_at_ms = NULL WHERE runs.state IN ('paused', 'cancelled')"
+                    " AND runs.dispatched_at_ms IS NULL",
                     (job_id, next_run.run_at_ms, next_run.due_ms, partition),
                 )
             if missed is not None:
@@ -465,9 +467,12 @@ class SQLiteScheduleStore:
             # worker can deal with it before its dispatch is recorded.
             # Handed on before this mark (the in-process queue is no durable
             # step): a crash before this commit leaves the runs scheduled, and
-            # the next leader sends them again.
+            # the next leader sends them again. A run a pause held after it
+            # was sent, before this mark, is no longer the pause's
+            # (protocols.held_by_pause): it is its worker's, and owed again
+            # as any run handed on.
             conn.executemany(
-                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted')"
+                "UPDATE runs SET state = CASE WHEN state IN ('scheduled', 'dispatched', 'interrupted', 'paused')"
                 " OR (state IN ('retrying', 'parked') AND ? > delivery) THEN 'dispatched' ELSE state END, fence = ?,"
                 " dispatched_at_ms = ?, delivery = max(delivery, ?) WHERE run_id = ?",
                 [(r.attempt, fences[r.partition], now_ms, r.attempt, r.run_id) for r in rows],
@@ -573,7 +578,9 @@ class SQLiteScheduleStore:
         with self.db.transaction() as conn:
             cur = conn.execute(
                 "UPDATE runs SET state = 'missed', ended_at_ms = ?, error = ?, result = NULL"
-                " WHERE run_id = ? AND state IN ('scheduled', 'dispatched', 'parked')",
+                # A run a pause held after it was sent, and before its send
+                # was recorded, is missed too.
+                " WHERE run_id = ? AND state IN ('scheduled', 'dispatched', 'parked', 'paused')",
                 (now_ms, error, record.run_id),
             )
             if cur.rowcount:
@@ -944,6 +951,20 @@ class SQLiteScheduleStore:
             )
             .fetchone()
         )
+        sent = None
+        if nxt is None and state == "paused":
+            # Its next run was handed on before the pause reached it (the
+            # record of that send plans the next only for an active job):
+            # its newest run of the schedule, as planning_state reads it.
+            newest = (
+                self.db.connection()
+                .execute(
+                    "SELECT max(run_at_ms) FROM runs WHERE job_id = ? AND attempt_group = 0 AND state != 'cancelled'",
+                    (job_id,),
+                )
+                .fetchone()
+            )
+            sent = None if newest is None or newest[0] is None else int(newest[0])
         return JobRecord(
             job=Job.model_validate_json(str(spec), context=STORED),
             state=str(state),
@@ -952,4 +973,5 @@ class SQLiteScheduleStore:
             created_at_ms=int(str(created_at_ms)),
             next_run=PlannedRun(int(nxt[0]), int(nxt[1])) if nxt else None,
             runs_since_ms=int(str(runs_since_ms)),
+            sent_before_pause_ms=sent,
         )
