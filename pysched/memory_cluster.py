@@ -134,8 +134,9 @@ class MemoryClusterServers:
 
     def node(self, clock: Clock | None = None) -> MemoryClusterNode:
         """A node whose writes carry ``clock``'s time (the servers' by default)."""
-        tables = self.tables.client(clock or self.clock)
-        store = CassandraScheduleStore(tables, self.config)
+        node_clock = clock or self.clock
+        tables = self.tables.client(node_clock)
+        store = CassandraScheduleStore(tables, self.config, node_clock)
         redis_client = fakeredis.FakeRedis(server=self.redis)
         claims = RedisCassandraClaims(redis_client, tables, self.config, MemoryRunLeases(self.run_leases))
 

@@ -44,6 +44,7 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, N
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
 
 from pysched import overlap
+from pysched.clock import Clock
 from pysched.config import ClusterConfig, host_port
 from pysched.model import STORED, Job, Overlap, plannable_job
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
@@ -325,7 +326,7 @@ class _Registered:
 
 
 class CassandraScheduleStore:
-    def __init__(self, tables: CqlTables, config: ClusterConfig) -> None:
+    def __init__(self, tables: CqlTables, config: ClusterConfig, clock: Clock | None = None) -> None:
         self.tables = tables
         # The keyspace's count, not the configuration's: the partitions
         # every node leads (ensure_schema writes it, and checks the
@@ -342,7 +343,7 @@ class CassandraScheduleStore:
             f"INSERT INTO {ks}.jobs (job_id, spec, state, partition, jitter_ms, created_at_ms, updated_at_ms,"
             " next_run_at_ms, next_due_ms, runs_since_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
-        self._job_ids = job_id_tables.JobIdClaims(tables, ks)
+        self._job_ids = job_id_tables.JobIdClaims(tables, ks, clock)
         # What goes of a cancelled job whose id a new job takes.
         self._job_runs = p(
             f"SELECT run_at_ms, attempt_group, state, dispatched_at_ms, partition, dead_at_ms, due_ms, run_id"
