@@ -111,7 +111,7 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
         claims = RedisCassandraClaims(
             redis_client, tables, config, EtcdRunLeases(run_etcd, f"/pysched/{config.keyspace}")
         )
-        store = CassandraScheduleStore(tables, config)
+        store = CassandraScheduleStore(tables, config, clock)
 
         def publish_fence(partition: int, fence: int) -> None:
             # The store first: a worker that rejects an older leader's run (the

@@ -497,3 +497,13 @@ def test_a_world_of_timed_targets_loses_and_doubles_nothing(seed: int) -> None:
     report = simulate(SimConfig(seed, jobs=100, hours=0.25, fault_count=6, target_time=True))
     assert report.owed > 0
     assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
+
+
+def test_a_world_on_the_cluster_store_replays_the_same_world() -> None:
+    # Every node a client of one set of tables with its own clock, the
+    # world's faults at each table call: the same seed, the same world.
+    config = SimConfig(7, jobs=100, hours=0.25, fault_count=6, store="tables")
+    first, again = simulate(config), simulate(config)
+    assert first.faults > 0 and first.executed > 0 and first.failed_calls > 0
+    assert first.digest == again.digest
+    assert simulate(SimConfig(8, jobs=100, hours=0.25, fault_count=6, store="tables")).digest != first.digest
