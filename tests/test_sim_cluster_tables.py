@@ -5,6 +5,7 @@ failures, and its judge reads what the tables hold."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import fakeredis
 import pytest
@@ -23,6 +24,18 @@ from pysched.sim.world import NodeClock
 T0 = 1_800_000_000_000
 
 
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def servers(clock: ManualClock) -> Iterator[TableServers]:
+    made = TableServers(2, clock, 2)
+    yield made
+    made.close()
+
+
 def once_job(job_id: str) -> Job:
     return Job.model_validate(
         {
@@ -33,9 +46,9 @@ def once_job(job_id: str) -> Job:
     )
 
 
-def test_a_store_fault_fails_the_node_s_store_calls_as_the_driver_does_and_its_claims_not() -> None:
-    clock = ManualClock(T0)
-    servers = TableServers(2, clock, 2)
+def test_a_store_fault_fails_the_node_s_store_calls_as_the_driver_does_and_its_claims_not(
+    clock: ManualClock, servers: TableServers
+) -> None:
     faults = NodeFaults(random.Random(1))
     node = servers.node(faults, NodeClock(clock, 0), "node-0.0")
     other = servers.node(NodeFaults(random.Random(2)), NodeClock(clock, 0), "node-1.0")
@@ -68,9 +81,7 @@ def test_a_failed_table_call_raises_what_the_driver_raises_there(
     assert write_type is None or getattr(failure, "write_type", None) == write_type
 
 
-def test_redis_goes_down_and_comes_back_empty() -> None:
-    clock = ManualClock(T0)
-    servers = TableServers(2, clock, 2)
+def test_redis_goes_down_and_comes_back_empty(clock: ManualClock, servers: TableServers) -> None:
     fast = fakeredis.FakeRedis(server=servers.servers.redis)
     fast.set("marker", "held")
     servers.lose_fast_path(T0, back_by_ms=T0 + 10 * REDIS_DOWN_MS)
@@ -83,12 +94,23 @@ def test_redis_goes_down_and_comes_back_empty() -> None:
     assert fast.get("marker") is None  # back, and it kept nothing
 
 
-def test_the_judge_reads_the_runs_the_tables_hold() -> None:
-    clock = ManualClock(T0)
-    servers = TableServers(2, clock, 2)
+def test_the_judge_reads_the_runs_the_tables_hold(clock: ManualClock, servers: TableServers) -> None:
     node = servers.node(NodeFaults(random.Random(1)), NodeClock(clock, 0), "node-0.0")
     register_many(node.store, [once_job("j")], T0)
     rows = servers.rows()
     (row,) = rows.runs["j"].values()
     assert (row.run_at_ms, row.attempt_group, row.state) == (T0 + 3_600_000, 0, "scheduled")
     assert rows.dead_letters == {} and rows.missed == {}
+
+
+def test_redis_keys_expire_by_the_world_s_clock(clock: ManualClock, servers: TableServers) -> None:
+    fast = fakeredis.FakeRedis(server=servers.servers.redis)
+    fast.set("marker", "held", px=60_000)
+    clock.advance(59_999)
+    assert fast.get("marker") == b"held"
+    clock.advance(2)
+    assert fast.get("marker") is None
+    servers.close()  # the machine's clock again
+    fast.set("marker", "held", px=60_000)
+    clock.advance(120_000)
+    assert fast.get("marker") == b"held"

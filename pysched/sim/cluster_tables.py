@@ -10,7 +10,8 @@ store and claims calls fail at the tables (before a statement's effect, as
 an unreachable cluster; after it, as a timeout whose write applied, an LWT
 included; between the statements of an unlogged batch or of a list of
 calls, leaving the first landed), raising what the driver raises; Redis
-goes down and comes back empty. The named outages refuse whole store calls,
+goes down and comes back empty, and its keys expire by the world's clock
+(redis_clock.py). The named outages refuse whole store calls,
 as the model does, and a watcher of the store (SimClusterStore) keeps each
 retry granted for the judge. Elections and Kafka stay the model's.
 """
@@ -34,6 +35,7 @@ from pysched.memory_cluster import open_memory_cluster
 from pysched.protocols import FailedAttempt, Fences, JobPlanState, MissedRuns, NextRuns, Run
 from pysched.records import DispatchRecord
 from pysched.sim.faults import NodeFaults
+from pysched.sim.redis_clock import RedisOnWorldTime
 from pysched.sim.servers import NodeClients, StoreRows
 from pysched.stores.cassandra import CassandraScheduleStore
 
@@ -147,6 +149,7 @@ class TableServers:
         self.servers.tables.fault_hook = self.faults
         self.retries_due: RetriesDue = {}
         self._redis_back_at_ms: int | None = None
+        self._redis_time = RedisOnWorldTime(clock)
         # The judge's reader: a client of no node, so no fault reaches it.
         self._reader = self.servers.tables.client(clock, "judge", self.servers.config.keyspace)
 
@@ -169,6 +172,9 @@ class TableServers:
             self.servers.redis.connected = True
             # Restarted without persistence: everything it held is gone.
             fakeredis.FakeRedis(server=self.servers.redis).flushall()
+
+    def close(self) -> None:
+        self._redis_time.restore()
 
     def rows(self) -> StoreRows:
         read = self._reader.execute

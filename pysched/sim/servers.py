@@ -69,6 +69,10 @@ class SimServers(Protocol):
 
     def rows(self) -> StoreRows: ...
 
+    def close(self) -> None:
+        """The world is over: give back what it borrowed."""
+        ...
+
 
 class ModelServers:
     """The hand-written model (pysched.memory): each call atomic."""
@@ -86,6 +90,9 @@ class ModelServers:
         self.memory.claims.forget_fast_path()
 
     def round(self, now_ms: int) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     def rows(self) -> StoreRows:

@@ -419,6 +419,7 @@ class World:
         """End the threads of every fiber, the world being over."""
         for fibers in [*self._dead_fibers, *(n.fibers for n in self.nodes if n.fibers is not None)]:
             fibers.kill()
+        self.cluster.close()
 
     def _named_outage(self, now: int, window: tuple[int, int] | None, flag: OutageFlag) -> None:
         """Set ``flag`` on every node's faults while ``now`` is in
