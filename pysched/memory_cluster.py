@@ -11,7 +11,8 @@ pysched.stores.cassandra and pysched.claims.redis_cassandra.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import itertools
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import fakeredis
@@ -22,7 +23,13 @@ from pysched.config import ClusterConfig
 from pysched.coord.run_leases import Holding
 from pysched.memory.coordinator import Election, MemoryCoordinator
 from pysched.memory.cql import CqlCluster, MemoryTables
+from pysched.memory.faults import FaultHook
 from pysched.stores.cassandra import CassandraScheduleStore, ensure_schema
+
+# Makes a node's store from its tables, the configuration and its clock.
+# How long etcd still holds a run's key (EtcdRunLeases.held_for_ms).
+RunHeld = Callable[[str], int | None]
+StoreFactory = Callable[[MemoryTables, ClusterConfig, Clock, RunHeld], CassandraScheduleStore]
 
 
 @dataclass
@@ -112,12 +119,16 @@ class MemoryRunLeases:
 
 @dataclass(frozen=True)
 class MemoryClusterNode:
-    """One node's clients of the in-memory servers."""
+    """One node's clients of the in-memory servers: its store and its
+    claims each speak to the tables as a client of their own (named
+    ``<node>/store`` and ``<node>/claims``, so that a fault hook can tell
+    them apart), both stamping writes with the node's clock."""
 
     store: CassandraScheduleStore
     claims: RedisCassandraClaims
     coordinator: MemoryCoordinator
     tables: MemoryTables
+    claims_tables: MemoryTables
 
 
 @dataclass
@@ -131,23 +142,39 @@ class MemoryClusterServers:
     run_leases: RunLeaseServer
     election: Election
     lease_ttl_ms: int
+    # Names for nodes that were given none.
+    _names: itertools.count[int] = field(default_factory=itertools.count, init=False, repr=False)
 
-    def node(self, clock: Clock | None = None) -> MemoryClusterNode:
-        """A node whose writes carry ``clock``'s time (the servers' by default)."""
-        tables = self.tables.client(clock or self.clock)
+    def node(
+        self,
+        clock: Clock | None = None,
+        coordinator_faults: FaultHook | None = None,
+        name: str | None = None,
+        store_type: StoreFactory = CassandraScheduleStore,
+    ) -> MemoryClusterNode:
+        """A node whose writes carry ``clock``'s time (the servers' by
+        default); ``coordinator_faults``: its elections' fault hook (the
+        tables have theirs, CqlCluster.fault_hook); ``store_type``: the
+        cluster store, or one that watches it (a simulator's)."""
+        node_clock = clock or self.clock
+        prefix = name or f"node-{next(self._names)}"
+        tables = self.tables.client(node_clock, f"{prefix}/store")
+        claims_tables = self.tables.client(node_clock, f"{prefix}/claims")
         run_leases = MemoryRunLeases(self.run_leases)
         # The leader's sweep asks etcd whether a running run's worker lives, as node.open_cluster.
-        store = CassandraScheduleStore(tables, self.config, run_held=run_leases.held_for_ms)
+        store = store_type(tables, self.config, node_clock, run_leases.held_for_ms)
         redis_client = fakeredis.FakeRedis(server=self.redis)
-        claims = RedisCassandraClaims(redis_client, tables, self.config, run_leases)
+        claims = RedisCassandraClaims(redis_client, claims_tables, self.config, run_leases)
 
         def publish_fence(partition: int, fence: int) -> None:
             # The store first, as node.open_cluster.
             store.raise_fence(partition, fence)
             claims.raise_fence(partition, fence)
 
-        coordinator = MemoryCoordinator(self.election, store.partitions, self.lease_ttl_ms, publish_fence)
-        return MemoryClusterNode(store, claims, coordinator, tables)
+        coordinator = MemoryCoordinator(
+            self.election, store.partitions, self.lease_ttl_ms, publish_fence, coordinator_faults
+        )
+        return MemoryClusterNode(store, claims, coordinator, tables, claims_tables)
 
 
 def open_memory_cluster(

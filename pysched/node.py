@@ -111,7 +111,7 @@ def open_cluster(config: ClusterConfig, coordinator: bool = True, *, clock: Cloc
         run_leases = EtcdRunLeases(run_etcd, f"/pysched/{config.keyspace}")
         claims = RedisCassandraClaims(redis_client, tables, config, run_leases)
         # The leader's sweep asks etcd whether a running run's worker lives.
-        store = CassandraScheduleStore(tables, config, run_held=run_leases.held_for_ms)
+        store = CassandraScheduleStore(tables, config, clock, run_held=run_leases.held_for_ms)
 
         def publish_fence(partition: int, fence: int) -> None:
             # The store first: a worker that rejects an older leader's run (the

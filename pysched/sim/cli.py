@@ -15,6 +15,7 @@ import typer
 from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_CATCH_UP_RATE
 from pysched.sim.faults import KINDS, Outage
 from pysched.sim.runner import SimConfig, SimReport, simulate
+from pysched.sim.servers import STORE_KINDS, StoreKind
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -43,6 +44,13 @@ def _outage(text: str | None) -> Outage | None:
     if outage is None or outage.at_s < 0 or outage.for_s <= 0:
         raise typer.BadParameter(f"{text!r} is not AT+FOR in seconds, e.g. 600+7200")
     return outage
+
+
+def _store(text: str) -> StoreKind:
+    for kind in STORE_KINDS:
+        if text == kind:
+            return kind
+    raise typer.BadParameter(f"unknown store {text!r}; known: {', '.join(STORE_KINDS)}")
 
 
 @app.command()
@@ -98,6 +106,13 @@ def run(
             " each job follows an overlap policy drawn from all four.",
         ),
     ] = False,
+    store: Annotated[
+        str,
+        typer.Option(
+            help="The store the nodes run: model (the hand-written model of the cluster store) or tables"
+            " (the cluster's own store and claims over in-memory Cassandra tables, Redis and etcd)."
+        ),
+    ] = "model",
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
@@ -105,6 +120,9 @@ def run(
     kinds = _faults(faults)
     blackout, down, recording = _outage(cluster_outage), _outage(downstream_outage), _outage(recording_outage)
     history = _outage(history_outage)
+    store_kind = _store(store)
+    if store_kind == "tables" and changes:
+        raise typer.BadParameter("--changes runs on --store model only, for now")
     if not verbose:
         logging.getLogger("pysched").setLevel(logging.CRITICAL)
     failed = 0
@@ -126,6 +144,7 @@ def run(
             history_outage=history,
             target_time=target_time,
             changes=changes,
+            store=store_kind,
         )
         started = time.monotonic()
         report = simulate(config)

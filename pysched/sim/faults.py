@@ -175,18 +175,34 @@ class NodeFaults:
             self._active.remove(event)
 
     def check(self, role: str, op: str, phase: Phase) -> None:
-        if phase == "after" and op == "planning_state" and self.between_plan_and_write is not None:
+        if phase == "after" and op == "planning_state":
+            self.planned()
+        self.refuse(role, op, phase)
+        if role == "dispatcher" and op != "publish":
+            return  # consumers fail by ``rebalance``
+        if self.fails(role):
+            self.injected += 1
+            raise SimulatedFault(f"injected fault: {role}.{op} ({phase})")
+
+    def planned(self) -> None:
+        """A leader's read of its plans returned, its write not begun."""
+        if self.between_plan_and_write is not None:
             self.between_plan_and_write()
+
+    def refuse(self, role: str, op: str, phase: Phase) -> None:
+        """Raise if a named outage refuses this call (recording, history)."""
         if self.recording_down and role == "store" and op == "finish_dispatch":
             self.injected += 1
             raise SimulatedFault(f"injected fault: {role}.{op} ({phase}): recording is down")
         if self.history_down and role == "store" and op in RUN_END_WRITES:
             self.injected += 1
             raise SimulatedFault(f"injected fault: {role}.{op} ({phase}): the runs' history is down")
-        if not self._active or (role == "dispatcher" and op != "publish"):
-            return  # nothing failing now (no draw either); consumers fail by ``rebalance``
+
+    def fails(self, role: str) -> bool:
+        """Whether a call of ``role`` fails now: drawn at the highest rate
+        of the call faults active on ``role``; no draw while none is."""
+        if not self._active:
+            return False
         with self._lock:
             rates = [e.rate for e in self._active if role in _ROLES_OF.get(e.kind, ())]
-        if rates and self._rng.random() < max(rates):
-            self.injected += 1
-            raise SimulatedFault(f"injected fault: {role}.{op} ({phase})")
+        return bool(rates) and self._rng.random() < max(rates)

@@ -32,6 +32,7 @@ from pysched.sim.invariants import (
 )
 from pysched.sim.ledger import Ledger
 from pysched.sim.owed_changes import ChangedOwed, WorldOwed, owed_after_changes
+from pysched.sim.servers import StoreRows
 from pysched.sim.workload import OwedRuns
 from pysched.sim.world import World
 
@@ -66,11 +67,12 @@ class JudgedWorld:
     quiet_from_ms: int
     changes: JobChanges | None
     changed: ChangedOwed = field(init=False)
+    stored: StoreRows = field(init=False)  # what the store holds at the end
     runs: RunRows = field(init=False)
     dead_letters: dict[tuple[str, int, int], int] = field(init=False)
 
     def __post_init__(self) -> None:
-        tables = self.world.cluster.schedule
+        self.stored = tables = self.world.cluster.rows()
         self.runs, self.dead_letters = tables.runs, dict(tables.dead_letters)
         self.changed = ChangedOwed()
         if self.changes is None:
@@ -124,7 +126,6 @@ def judge_settled(judged: JudgedWorld, settle_ms: int, downstream_down: bool) ->
     faults stopped has ended; no run failed for good but by an outage of
     its downstream (or lost with its node twice); no retry came before its
     time. Every attempt group, not the first alone."""
-    tables = judged.world.cluster.schedule
     end = judged.end_ms
     violations: list[Violation] = []
     if end - judged.quiet_from_ms >= settle_ms:
@@ -132,7 +133,7 @@ def judge_settled(judged: JudgedWorld, settle_ms: int, downstream_down: bool) ->
     if not downstream_down:
         dead = {idempotency_key(*run): at_ms for run, at_ms in judged.dead_letters.items()}
         violations += check_dead_letters(dead, judged.lost_dead_letters())
-    violations += check_retry_waits(tables.retries_due, judged.ledger.tries)
+    violations += check_retry_waits(judged.stored.retries_due, judged.ledger.tries)
     if judged.changes is not None:
         violations += check_changes(judged.ledger, judged.changed, end - settle_ms)
         violations += check_exclusive(judged.ledger, judged.ledger.exclusive)
@@ -144,9 +145,8 @@ def judge_runs(judged: JudgedWorld, leader_config: LeaderConfig) -> tuple[list[V
     store; and the counts of runs owed, missed and dead."""
     world, ledger, counts = judged.world, judged.ledger, Counts()
     owed, later = judged.owed()
-    tables = world.cluster.schedule
     missed: dict[str, list[MissedRuns]] = {}
-    for span in tables.missed.values():
+    for span in judged.stored.missed.values():
         missed.setdefault(span.job_id, []).append(span)
     dead = {idempotency_key(job_id, run_at, group) for job_id, run_at, group in judged.dead_letters}
     lost = judged.lost_dead_letters()
@@ -158,7 +158,7 @@ def judge_runs(judged: JudgedWorld, leader_config: LeaderConfig) -> tuple[list[V
     by_id = {job.id: job for job in judged.jobs}
     violations += check_ends(owed, ledger, judged.runs, changed.changed)
     violations += check_policies(owed, missed, by_id, changed.paused)
-    violations += check_found_behind(world.cluster.schedule.found_behind)
+    violations += check_found_behind(judged.stored.found_behind)
     if world.plan.blackout_ms is not None:
         down, up = world.plan.blackout_ms
         # The round before the outage handed on nothing due after it, but

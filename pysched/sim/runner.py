@@ -19,6 +19,7 @@ from pysched.sim.faults import KINDS, Outage, plan_faults
 from pysched.sim.invariants import FenceWatch, LeaderWatch, Violation
 from pysched.sim.judge import START_MS, STEP_MS, UNJUDGED_MS, JudgedWorld, judge_runs, judge_settled
 from pysched.sim.ledger import close_ledger, open_ledger
+from pysched.sim.servers import ModelServers, StoreKind
 from pysched.sim.workload import LONGEST_TARGET_MS, make_jobs, with_durations, with_overlap
 from pysched.sim.world import OUTAGE_WORKER_CONFIG, TIMED_CONCURRENCY, WORKER_CONFIG, World
 
@@ -57,6 +58,9 @@ class SimConfig:
     # The workload changes its jobs while they run (changes.py), and each
     # job follows an overlap policy drawn from all four.
     changes: bool = False
+    # The store the nodes run: the model (pysched.memory.store), or the
+    # cluster's own over in-memory tables (cluster_tables.py).
+    store: StoreKind = "model"
 
     def replay_line(self) -> str:
         options = [
@@ -82,6 +86,8 @@ class SimConfig:
             options.append("--target-time")
         if self.changes:
             options.append("--changes")
+        if self.store != "model":
+            options.append(f"--store {self.store}")
         return " ".join(options)
 
 
@@ -131,6 +137,7 @@ def simulate(config: SimConfig) -> SimReport:
         recording,
         history,
         config.target_time,
+        config.store,
     )
     world_id = f"world-{next(_worlds)}"
     ledger = open_ledger(world_id, world.clock, down)
@@ -149,7 +156,9 @@ def simulate(config: SimConfig) -> SimReport:
             ledger.exclusive = frozenset(job.id for job in jobs if job.overlap != "allow")
             # Drawn so that each has a settle time after it, as a fault has.
             drawn = plan_changes(random.Random(f"{config.seed}/changes"), jobs, START_MS + 60_000, end - settle_ms)
-            changes = JobChanges(drawn, MemoryScheduleStore(world.cluster.schedule), world.clock, ledger)
+            if not isinstance(world.cluster, ModelServers):
+                raise ValueError("a world whose jobs change runs on the model store only, for now")
+            changes = JobChanges(drawn, MemoryScheduleStore(world.cluster.memory.schedule), world.clock, ledger)
             world.attach_changes(changes)
         register_many(world.nodes[0].clients.store, jobs, START_MS)
         report = SimReport(config)

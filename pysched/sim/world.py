@@ -16,13 +16,15 @@ from pysched.breakers import BreakerPolicy
 from pysched.clock import ManualClock
 from pysched.leader import LeaderConfig, PartitionLeader, SyncDriver
 from pysched.leader.driver import ROUND, Part
-from pysched.memory import MemoryCluster, MemoryNode, open_memory
+from pysched.memory import open_memory
 from pysched.memory.dispatcher import MemoryConsumer
 from pysched.sim.batches import BatchingConsumer
 from pysched.sim.calls import FiberCalls, NodeFibers
 from pysched.sim.changes import JobChanges
+from pysched.sim.cluster_tables import TableServers
 from pysched.sim.faults import FaultEvent, FaultPlan, NodeFaults
 from pysched.sim.ledger import Ledger
+from pysched.sim.servers import ModelServers, NodeClients, SimServers, StoreKind
 from pysched.worker.calls import Capacity
 from pysched.worker.config import WorkerConfig
 from pysched.worker.executor import Executor
@@ -102,7 +104,7 @@ class SimNode:
     called and returned within its step."""
 
     index: int
-    cluster: MemoryCluster
+    cluster: SimServers
     clock: NodeClock
     seed: float  # its generators' seed, drawn from the world's
     faults: NodeFaults
@@ -113,7 +115,7 @@ class SimNode:
     alive: bool = True
     paused_until_ms: int = 0
     rng: random.Random = field(init=False)
-    clients: MemoryNode = field(init=False)
+    clients: NodeClients = field(init=False)
     consumer: MemoryConsumer = field(init=False)
     leader: PartitionLeader = field(init=False)
     driver: SyncDriver = field(init=False)
@@ -140,7 +142,7 @@ class SimNode:
     def start(self) -> None:
         self.alive = True
         self._replace_consumer = False
-        self.clients = self.cluster.node(self.faults)
+        self.clients = self.cluster.node(self.faults, self.clock, self.holder)
         self.leader = PartitionLeader(
             self.clients.store,
             self.clients.coordinator,
@@ -305,6 +307,7 @@ class World:
         recording_outage_ms: tuple[int, int] | None = None,
         history_outage_ms: tuple[int, int] | None = None,
         target_time: bool = False,
+        store: StoreKind = "model",
     ) -> None:
         self.rng = rng
         self.clock = ManualClock(start_ms)
@@ -312,7 +315,11 @@ class World:
         # cluster's Kafka topic has (16) for its nodes' workers (4 each):
         # the group gives each worker's consumer its own.
         dispatch_partitions = nodes * worker_config.concurrency if target_time else 2
-        self.cluster = open_memory(partitions, self.clock, dispatch_partitions)
+        self.cluster: SimServers
+        if store == "tables":
+            self.cluster = TableServers(partitions, self.clock, dispatch_partitions)
+        else:
+            self.cluster = ModelServers(open_memory(partitions, self.clock, dispatch_partitions))
         self.plan = plan
         self.nodes = [
             SimNode(
@@ -363,6 +370,7 @@ class World:
         then one round of every live node, in an order drawn from the seed,
         each node's parts in an order drawn too."""
         now = self.clock.now_ms()
+        self.cluster.round(now)
         if self.ledger is not None:
             self.ledger.land(now)
         self._blackout(now)
@@ -411,6 +419,7 @@ class World:
         """End the threads of every fiber, the world being over."""
         for fibers in [*self._dead_fibers, *(n.fibers for n in self.nodes if n.fibers is not None)]:
             fibers.kill()
+        self.cluster.close()
 
     def _named_outage(self, now: int, window: tuple[int, int] | None, flag: OutageFlag) -> None:
         """Set ``flag`` on every node's faults while ``now`` is in
@@ -435,7 +444,7 @@ class World:
             elif event.kind == "rebalance":
                 node.lose_consumer()
             elif event.kind == "redis":
-                self.cluster.claims.forget_fast_path()
+                self.cluster.lose_fast_path(now, self.plan.quiet_from_ms)
             else:
                 node.faults.start(event)
             self._active.append(event)

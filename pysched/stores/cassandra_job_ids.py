@@ -19,7 +19,6 @@ over, by a transaction on the row as it was read.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 import zlib
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from typing import Any
 
 from cassandra import OperationTimedOut, WriteTimeout
 
+from pysched.clock import Clock, SystemClock
 from pysched.stores.cassandra_rows import applied
 from pysched.stores.cql_tables import Batch, CqlTables, raise_failed
 
@@ -88,8 +88,11 @@ def backfill(tables: CqlTables, keyspace: str) -> None:
 
 
 class JobIdClaims:
-    def __init__(self, tables: CqlTables, keyspace: str) -> None:
+    def __init__(self, tables: CqlTables, keyspace: str, clock: Clock | None = None) -> None:
         self.tables = tables
+        # Waits between rounds that timed out: the injected clock's, so a
+        # simulated node waits in simulated time.
+        self.clock: Clock = clock or SystemClock()
         p = tables.prepare
         self._claim = p(
             f"INSERT INTO {keyspace}.job_ids (bucket, job_id, owner, claimed_at_ms) VALUES (?, ?, ?, ?) IF NOT EXISTS"
@@ -144,7 +147,7 @@ class JobIdClaims:
             if timed_out:
                 timeouts += 1
                 log.warning("claiming job ids again after a timed-out lightweight transaction")
-                time.sleep(0.2 * 2**timeouts)
+                self.clock.sleep(0.2 * 2**timeouts)
             rounds = again
         return held
 
