@@ -39,6 +39,8 @@ from pysched.sim.runner import SimConfig, simulate
 from pysched.sim.workload import OwedRun
 from pysched.sim.world import OUTAGE_WORKER_CONFIG
 from pysched.stores import cassandra as cassandra_store
+from pysched.worker.executor import Execution as ExecutorExecution
+from pysched.worker.executor import Executor
 
 # CI's short form: 200 worlds of 100 jobs, 3 nodes and 6 faults over a
 # simulated quarter of an hour.
@@ -415,7 +417,12 @@ def recording_outage_world(seed: int) -> SimConfig:
 # In seed 116 a worker whose delivery was fenced waited for the live holder
 # of the run's claim: itself, from an attempt whose answer was lost; its
 # consumer took nothing more for the rest of the world.
-RECORDING_OUTAGE_SEEDS = (1, 2, 3, 38, 46, 116)
+# Seed 30 was judged, not the run path: a worker ran a run, the write
+# completing its claim was refused (a claims fault) and the node crashed
+# before it was tried again; the next delivery took the dead claim over and
+# ran the run again, as a dead worker's run must be. The judge counted the
+# effect the crash left unrecorded as a double (world.py, _orphan_unrecorded).
+RECORDING_OUTAGE_SEEDS = (1, 2, 3, 30, 38, 46, 116)
 
 
 @pytest.mark.parametrize("seed", RECORDING_OUTAGE_SEEDS)
@@ -423,6 +430,25 @@ def test_runs_recorded_late_lose_no_next_run(seed: int) -> None:
     report = simulate(recording_outage_world(seed))
     assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
     assert report.failed_calls > 0 and report.executed > 0
+
+
+def test_a_run_again_after_a_death_is_a_double_unless_the_dead_nodes_write_of_its_end_was_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Seed 30's world, as if the crashed node had not yet tried to write the
+    # end it held (an executor holding ends back): nothing then excuses the
+    # run's second effect.
+    ends_unrecorded = Executor.ends_unrecorded
+
+    def never_tried(self: Executor) -> list[ExecutorExecution]:
+        ends = ends_unrecorded(self)
+        for execution in ends:
+            execution.end_refused = False
+        return ends
+
+    monkeypatch.setattr(Executor, "ends_unrecorded", never_tried)
+    report = simulate(recording_outage_world(30))
+    assert [v.detail for v in report.violations] == ["minutely-000141:1799021580000:0 ran 2 times"]
 
 
 def test_marks_sent_before_a_run_was_planned_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:

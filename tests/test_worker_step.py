@@ -166,6 +166,23 @@ def test_an_outcome_whose_store_write_failed_is_recorded_again_and_the_run_not_r
     assert w.states("job") == ["succeeded"]
 
 
+def test_an_end_whose_write_was_refused_is_unrecorded_and_refused_until_written_again() -> None:
+    # What a death of the node would leave to run again, and why: the run
+    # ended, and the write of its end was refused (its claim still running).
+    w = World(fault("claims", "complete"))
+    (record,) = w.dispatch("job")
+    assert w.step()
+    (waiting,) = w.executor.ends_unrecorded()
+    assert (waiting.record, waiting.end_refused, _runs) == (record, True, [record.idempotency_key])
+    assert w.cluster.claims.running_holder(record.idempotency_key) == waiting.holder
+    retry_at = w.worker.retry_at_ms
+    assert retry_at is not None
+    w.advance_to(retry_at)
+    assert w.step()
+    assert (w.executor.ends_unrecorded(), w.acked(), _runs) == ([], 1, [record.idempotency_key])
+    assert w.cluster.claims.running_holder(record.idempotency_key) is None
+
+
 def test_the_backoff_doubles_with_each_failure_up_to_its_cap() -> None:
     assert [CONFIG.retry_cap_ms(n) for n in (1, 2, 3, 6, 7, 50, 5_000)] == [
         200,

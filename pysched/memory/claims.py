@@ -67,6 +67,13 @@ class ClaimTables:
         with self.lock:
             return dict(self.rows)
 
+    def running_holder(self, key: str) -> str | None:
+        """Who holds the claim of ``key`` running, if anyone does: while it
+        does, nothing durable says how the run ended."""
+        with self.lock:
+            row = self.rows.get(key)
+            return row.holder if row is not None and row.state == "running" else None
+
     def fence_floors(self) -> dict[int, int]:
         """The floor each partition's dispatches are held to: the higher of
         the two copies (the fast path's may be ahead, raised by a claim)."""

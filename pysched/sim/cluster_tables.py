@@ -193,6 +193,15 @@ class TableServers:
     def close(self) -> None:
         self._redis_time.restore()
 
+    def running_holder(self, key: str) -> str | None:
+        row = self._reader.execute("SELECT state, holder FROM claims WHERE idem_key = %s", (key,)).one()
+        return row.holder if row is not None and row.state == "running" else None
+
+    def run_state(self, job_id: str, run_at_ms: int, attempt_group: int) -> str | None:
+        query = "SELECT state FROM runs WHERE job_id = %s AND run_at_ms = %s AND attempt_group = %s"
+        row = self._reader.execute(query, (job_id, run_at_ms, attempt_group)).one()
+        return None if row is None else row.state
+
     def rows(self) -> StoreRows:
         read = self._reader.execute
         runs: dict[str, dict[tuple[int, int], RunRow]] = {}

@@ -65,9 +65,10 @@ class Ledger:
         # those that ended whose node has not heard yet.
         self.in_flight: list[CallInFlight] = []
         self.unheard: list[CallInFlight] = []
-        # Executions by calls whose node died before they returned: their
-        # runs are rightly run again (delivery is at least once; the
-        # idempotency key is what makes the effect once at a downstream).
+        # Executions by calls whose node died before they returned, or
+        # before it recorded how they ended: their runs are rightly run
+        # again (delivery is at least once; the idempotency key is what
+        # makes the effect once at a downstream).
         self.orphaned: Counter[str] = Counter()
         # Runs whose call was still under way when the world ended.
         self.under_way_at_end: set[str] = set()
@@ -138,6 +139,12 @@ class Ledger:
             self.unheard.remove(call)
             if not call.fails:
                 self.orphaned[call.key] += 1
+
+    def orphan(self, key: str) -> None:
+        """An execution of the run of ``key`` whose node died before its end
+        was recorded (its write refused, then the death): the effect is
+        there, and nothing durable says so."""
+        self.orphaned[key] += 1
 
     def finish(self) -> None:
         """The world ends: a call still under way counts as the execution it

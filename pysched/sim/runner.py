@@ -143,12 +143,12 @@ def simulate(config: SimConfig) -> SimReport:
     ledger = open_ledger(world_id, world.clock, down)
     try:
         jobs = make_jobs(rng, config.jobs, world_id, START_MS, end - START_MS, config.flaky, config.catch_up)
+        world.attach(ledger, random.Random(f"{config.seed}/crashed-calls"))
         settle_ms = _SETTLE_MS
         if config.target_time:
             # Generators of their own, seeded by name: the world's draws stay
             # as they were.
             jobs = with_durations(jobs, random.Random(f"{config.seed}/durations"), worker_config.lease_ms)
-            world.attach(ledger, random.Random(f"{config.seed}/crashed-calls"))
             settle_ms += LONGEST_TARGET_MS + worker_config.lease_ms
         changes = None
         if config.changes:

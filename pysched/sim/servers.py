@@ -72,6 +72,14 @@ class SimServers(Protocol):
 
     def rows(self) -> StoreRows: ...
 
+    def running_holder(self, key: str) -> str | None:
+        """Who holds the claim of ``key`` running, as stored, if anyone."""
+        ...
+
+    def run_state(self, job_id: str, run_at_ms: int, attempt_group: int) -> str | None:
+        """The run's state as stored (None: no row), read past every node's faults."""
+        ...
+
     def close(self) -> None:
         """The world is over: give back what it borrowed."""
         ...
@@ -97,6 +105,13 @@ class ModelServers:
 
     def close(self) -> None:
         pass
+
+    def running_holder(self, key: str) -> str | None:
+        return self.memory.claims.running_holder(key)
+
+    def run_state(self, job_id: str, run_at_ms: int, attempt_group: int) -> str | None:
+        row = self.memory.schedule.runs.get(job_id, {}).get((run_at_ms, attempt_group))
+        return None if row is None else row.state
 
     def rows(self) -> StoreRows:
         tables = self.memory.schedule

@@ -18,6 +18,7 @@ from pysched.leader import LeaderConfig, PartitionLeader, SyncDriver
 from pysched.leader.driver import ROUND, Part
 from pysched.memory import open_memory
 from pysched.memory.dispatcher import MemoryConsumer
+from pysched.records import DispatchRecord
 from pysched.sim.batches import BatchingConsumer
 from pysched.sim.calls import FiberCalls, NodeFibers
 from pysched.sim.changes import JobChanges
@@ -342,8 +343,9 @@ class World:
         self.recording_outage_ms = recording_outage_ms
         # [down, up): the workers cannot record how their runs ended.
         self.history_outage_ms = history_outage_ms
-        # With target_time: the downstream whose calls take time, and how the
-        # calls in flight when their node dies end (attach).
+        # The downstream (its calls take time with target_time), told of the
+        # effects a node's death leaves unrecorded; and how the calls in
+        # flight when their node dies end (attach).
         self.ledger: Ledger | None = None
         self._crash_rng = random.Random()
         # The fibers of the node processes that died, ended with the world.
@@ -359,9 +361,9 @@ class World:
             node.faults.between_plan_and_write = changes.between_plan_and_write
 
     def attach(self, ledger: Ledger, crash_rng: random.Random) -> None:
-        """The downstream whose calls take time; ``crash_rng``: whether a call
-        in flight took effect before its node died, a generator of its own
-        so that the world's other draws stay as they were."""
+        """The downstream; ``crash_rng``: whether a call in flight (its
+        calls taking time) took effect before its node died, a generator of
+        its own so that the world's other draws stay as they were."""
         self.ledger = ledger
         self._crash_rng = crash_rng
 
@@ -408,12 +410,35 @@ class World:
                 node.restart()
 
     def _crash(self, node: SimNode) -> None:
-        """The node's process dies: its calls in flight never return."""
+        """The node's process dies: its calls in flight never return, and
+        the ends it could not record are never recorded."""
         node.crash()
+        if self.ledger is not None:
+            self._orphan_unrecorded(node, self.ledger)
         if node.fibers is not None:
             if self.ledger is not None:
                 self.ledger.abandon(node.fibers, self._crash_rng)
             self._dead_fibers.append(node.fibers)
+
+    def _orphan_unrecorded(self, node: SimNode, ledger: Ledger) -> None:
+        """The runs the dying process ran to their effect and failed to
+        record: nothing durable says they ran (the claim still running under
+        it, the history not saying succeeded), and their next delivery takes
+        the claim over once its lease dies and runs them again, as it must
+        (the run's worker died; see the executor's ``_record``). Only a
+        write refused counts: an end the process had not yet tried to write
+        is the executor's to answer for."""
+        for execution in node.executor.ends_unrecorded():
+            end = execution.ended
+            called = execution.started_at_ms is not None and end is not None and end.state == "succeeded"
+            key = execution.record.idempotency_key
+            if not (called and execution.end_refused and self.cluster.running_holder(key) == execution.holder):
+                continue
+            if not self._recorded_succeeded(execution.record):
+                ledger.orphan(key)
+
+    def _recorded_succeeded(self, record: DispatchRecord) -> bool:
+        return self.cluster.run_state(record.job_id, record.run_at_ms, record.attempt_group) == "succeeded"
 
     def close(self) -> None:
         """End the threads of every fiber, the world being over."""

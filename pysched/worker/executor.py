@@ -193,6 +193,9 @@ class Execution:
     replaced: bool = False  # stopped because a newer run of its job replaced it
     recorded: bool = False  # its end is recorded: never again
     recording: bool = False  # a thread is recording its end now
+    # A write of its end failed: it waits to be written again, and a death
+    # of its node meanwhile leaves the run to run again.
+    end_refused: bool = False
     # Its run as it found it when it took it over from an execution that
     # started it and never ended (retries.LOST): recorded as that attempt.
     lost: RunRecord | None = None
@@ -468,12 +471,18 @@ class Executor:
         finally:
             self._free_places([execution])
 
+    def ends_unrecorded(self) -> list[Execution]:
+        """The executions whose runs ended and whose ends are not recorded
+        yet (waiting in their batch, or their write refused and to be tried
+        again): what a death of the node now leaves to run again."""
+        with self._lock:
+            return [e for e in self._running.values() if e.ended is not None and not e.recorded]
+
     def record_ended(self) -> None:
         """Record the runs that have ended and wait in their batch to be
         recorded, now: the node is about to give up its runs (after its
         grace period), and a run that ended must not run again."""
-        with self._lock:
-            waiting = [e for e in self._running.values() if e.ended is not None and not e.recorded]
+        waiting = self.ends_unrecorded()
         try:
             self._record(waiting)
         except Exception as exc:
@@ -1145,6 +1154,11 @@ class Executor:
             return
         try:
             retry_at = self._write_ends(ended)
+        except BaseException:
+            with self._lock:
+                for execution, _ in ended:
+                    execution.end_refused = True
+            raise
         finally:
             with self._lock:
                 for execution, _ in ended:
