@@ -17,13 +17,8 @@ import pytest
 
 from pysched.breakers import BreakerPolicy
 from pysched.clock import ManualClock
-from pysched.leader import recording
-from pysched.leader.cache import RunCache
-from pysched.leader.leases import LeaseKeeper
-from pysched.leader.recording import Recorder
-from pysched.memory import store as memory_store
 from pysched.memory.store import MemoryScheduleStore, RunRow
-from pysched.protocols import SETTLE_MS, MissedRuns
+from pysched.protocols import MissedRuns
 from pysched.sim.change_invariants import check_changes
 from pysched.sim.faults import KINDS, Outage
 from pysched.sim.invariants import (
@@ -38,6 +33,16 @@ from pysched.sim.owed_changes import ChangedOwed, Pause
 from pysched.sim.runner import SimConfig, simulate
 from pysched.sim.workload import OwedRun
 from pysched.sim.world import OUTAGE_WORKER_CONFIG
+from pysched.sim.worlds import (
+    CATCH_UP_RATE,
+    PINNED_FAULTS,
+    catch_up_world,
+    changing_world,
+    cluster_outage_world,
+    history_outage_world,
+    recording_outage_world,
+    tables_history_outage_world,
+)
 from pysched.stores import cassandra as cassandra_store
 from pysched.worker.executor import Execution as ExecutorExecution
 from pysched.worker.executor import Executor
@@ -75,16 +80,6 @@ def test_a_world_of_flaky_jobs_retries_each_run_to_one_effect(seed: int) -> None
     report = simulate(SimConfig(seed, jobs=100, hours=0.25, fault_count=6, flaky=0.3))
     assert report.owed > 0
     assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
-
-
-# The fault kinds of the worlds kept as found: pinned, so that a kind added
-# later does not change them.
-PINNED_FAULTS = frozenset({"claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"})
-
-
-def catch_up_world(seed: int, **options: Any) -> SimConfig:
-    """300 jobs of the four catch-up policies for half an hour, 12 faults."""
-    return SimConfig(seed, jobs=300, hours=0.5, fault_count=12, catch_up=True, faults=PINNED_FAULTS, **options)
 
 
 # Worlds that once broke an invariant, each kept as it was found.
@@ -125,16 +120,6 @@ FOUND += [catch_up_world(seed, flaky=0.2) for seed in (242, 246, 259)]
 FOUND += [catch_up_world(seed, flaky=0.2) for seed in (226, 233)]
 
 
-# The workers' writes of how their runs ended refused for a minute, five
-# minutes in (a brownout of the runs table): a flaky run's retry, due a
-# moment after its failure, is written a minute later.
-HISTORY_OUTAGE = Outage(at_s=300, for_s=60)
-
-
-def history_outage_world(seed: int) -> SimConfig:
-    return catch_up_world(seed, flaky=0.2, history_outage=HISTORY_OUTAGE)
-
-
 # Seeds 2 and 4 (and 3 and 9) left a run retrying for good: its retry row
 # landed behind the watermark the leaders had moved on meanwhile, and no
 # leader read it again.
@@ -146,19 +131,6 @@ FOUND += [history_outage_world(seed) for seed in (2, 4)]
 # its heartbeats fail for a whole lease, and was dropped, its delivery left
 # unacknowledged and its claim unended: nothing owed the run again.
 FOUND += [SimConfig(seed, jobs=100, hours=0.25, fault_count=6, faults=frozenset({"cassandra"})) for seed in (1, 2)]
-
-
-# Worlds whose workload changes its jobs as they run (--changes): cancels,
-# reschedules, pauses, triggers, redrives and prunes, and jobs of every
-# overlap policy. Their fault kinds pinned as they were found.
-CHANGES_FAULTS = frozenset(
-    {"cassandra", "claims", "coordinator", "crash", "pause", "publish", "rebalance", "redis", "skew", "store"}
-)
-
-
-def changing_world(seed: int, **options: Any) -> SimConfig:
-    """100 jobs for a quarter of an hour, 6 faults, the workload changing them."""
-    return SimConfig(seed, jobs=100, hours=0.25, fault_count=6, faults=CHANGES_FAULTS, changes=True, **options)
 
 
 # Issue 29, C4: a reschedule landing between a leader's read of its plans
@@ -250,31 +222,6 @@ def test_a_seed_replays_the_same_world() -> None:
     assert simulate(SimConfig(8, jobs=100, hours=0.25, fault_count=6)).digest != first.digest
 
 
-def test_the_watermark_hole_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Issue 10, hole 1: a new leader moved the watermark of a partition it
-    # had not read yet. With the old rule back, these seeds lose runs.
-    monkeypatch.setattr(RunCache, "marks", lambda self, fences, now: {p: now - SETTLE_MS for p in fences})
-    # The faults pinned, so that a fault kind added later does not move them.
-    faults = frozenset({"crash", "pause", "coordinator", "publish", "store", "claims", "rebalance", "skew"})
-    found = [simulate(SimConfig(seed, jobs=300, hours=0.5, faults=faults)) for seed in (32, 36)]
-    # Lost, or placed again by the leaders' sweep: late, and found still.
-    assert all(any(v.kind in ("lost", "behind") for v in report.violations) for report in found)
-
-
-def test_leading_on_an_expired_answer_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Issue 10, hole 5: a leader kept leading on its last answer while the
-    # coordinator could not be reached or the node was paused past its
-    # lease. The workers' fence checks turn its sends away, so no run is
-    # lost or doubled; the checker sees the sends themselves.
-    def granted_whatever_its_age(self: LeaseKeeper, now: int) -> dict[int, int]:
-        return dict(self._owned)
-
-    monkeypatch.setattr(LeaseKeeper, "granted", granted_whatever_its_age)
-    for faults in ({"pause"}, {"coordinator"}):
-        report = simulate(SimConfig(2, jobs=200, hours=0.5, faults=frozenset(faults), fault_count=8))
-        assert any(v.kind == "fence" and "stopped leading" in v.detail for v in report.violations), faults
-
-
 def test_the_checker_names_each_kind_of_violation() -> None:
     ledger = Ledger(ManualClock(0))
     owed = [
@@ -360,28 +307,6 @@ def test_a_downstream_outage_is_held_to_its_breaker_and_every_run_ends_once(seed
     assert report.counts["retried"] > 0
 
 
-# The whole cluster down for two virtual hours, ten minutes in; jobs of each
-# catch-up policy, a third of them minutely; a catch-up lane slow enough to
-# be busy for a while on the return.
-CLUSTER_OUTAGE = Outage(at_s=600, for_s=7_200)
-CATCH_UP_RATE = 20
-
-
-def cluster_outage_world(seed: int) -> SimConfig:
-    # Its faults pinned, as the worlds kept as found: some of these seeds
-    # are (see below).
-    return SimConfig(
-        seed,
-        jobs=100,
-        hours=2.5,
-        fault_count=4,
-        faults=PINNED_FAULTS,
-        catch_up=True,
-        catch_up_rate=CATCH_UP_RATE,
-        cluster_outage=CLUSTER_OUTAGE,
-    )
-
-
 # Seeds 2, 4, 8 and 10 lost runs for good until the marks of batches sent
 # before a catch-up replay's next run was planned were held below it
 # (recording.Recorder). In seed 19 a node whose
@@ -399,16 +324,6 @@ def test_a_cluster_outage_ends_each_nominal_time_as_its_catch_up_policy_says(see
     assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
     assert report.missed > 0 and report.executed > 0
     assert 0 < report.lane_peak <= CATCH_UP_RATE
-
-
-# The leaders' recordings refused for two and a half minutes, five minutes
-# in, while every read and send goes on: what was sent is recorded long
-# after, and the next runs it plans are due already.
-RECORDING_OUTAGE = Outage(at_s=300, for_s=150)
-
-
-def recording_outage_world(seed: int) -> SimConfig:
-    return catch_up_world(seed, recording_outage=RECORDING_OUTAGE)
 
 
 # Seed 38 lost a run behind a watermark moved by a batch sent before the run
@@ -449,27 +364,6 @@ def test_a_run_again_after_a_death_is_a_double_unless_the_dead_nodes_write_of_it
     monkeypatch.setattr(Executor, "ends_unrecorded", never_tried)
     report = simulate(recording_outage_world(30))
     assert [v.detail for v in report.violations] == ["minutely-000141:1799021580000:0 ran 2 times"]
-
-
-def test_marks_sent_before_a_run_was_planned_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Recorder, "_held_marks", lambda self, queued: dict(queued.batch.marks))
-    report = simulate(recording_outage_world(38))
-    assert any(v.kind in ("lost", "behind") for v in report.violations), report.violations[:3]
-
-
-def test_a_retried_recording_that_forgets_what_it_stored_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(recording, "planned_before", lambda rows, jobs: [])
-    report = simulate(recording_outage_world(46))
-    assert any(v.kind in ("lost", "behind") for v in report.violations), report.violations[:3]
-
-
-def test_rows_owed_again_written_behind_the_watermark_put_back_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Written where their due time says, and not checked again after (a
-    # registration's run too: the world's are all due ahead of the watermark).
-    monkeypatch.setattr(memory_store, "placed_ahead", lambda due_ms, mark: due_ms)
-    monkeypatch.setattr(MemoryScheduleStore, "_keep_owed_ahead", lambda self, record, due_ms, *rest, **named: due_ms)
-    report = simulate(history_outage_world(2))
-    assert any(v.kind == "lost" for v in report.violations), report.violations[:3]
 
 
 def _row(job_id: str, run_at: int, group: int, state: str, **fields: Any) -> RunRow:
@@ -570,14 +464,6 @@ def test_a_world_on_the_cluster_store_loses_and_doubles_nothing(config: SimConfi
     report = simulate(config)
     assert report.owed > 0 and report.failed_calls > 0
     assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
-
-
-def tables_history_outage_world(seed: int) -> SimConfig:
-    # The workers cannot record how their runs ended for a minute, two
-    # minutes in: retries written then land behind the moved watermarks.
-    return SimConfig(
-        seed, jobs=100, hours=0.25, fault_count=6, flaky=0.3, history_outage=Outage(120, 60), store="tables"
-    )
 
 
 def test_a_world_on_the_cluster_store_whose_run_ends_were_written_late_holds() -> None:

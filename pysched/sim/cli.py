@@ -14,6 +14,7 @@ import typer
 
 from pysched.config import DEFAULT_CATCH_UP_RATE, MAX_CATCH_UP_RATE
 from pysched.sim.faults import KINDS, Outage
+from pysched.sim.mutants import MUTANTS, NOT_YET_CAUGHT, SEARCH_SEEDS, search, table
 from pysched.sim.runner import SimConfig, SimReport, simulate
 from pysched.sim.servers import STORE_KINDS, StoreKind
 
@@ -114,9 +115,20 @@ def run(
         ),
     ] = "model",
     verbose: Annotated[bool, typer.Option(help="The nodes' log lines on stderr.")] = False,
+    mutants: Annotated[
+        bool,
+        typer.Option(
+            "--mutants",
+            help="Instead: put each known bug into the code in turn (mutants.py) and search its world kinds,"
+            " --seeds seeds each (12 if 1), for a world that catches it; print the table. Exit 1 if one is not.",
+        ),
+    ] = False,
 ) -> None:
     """Simulate; print each world's counts and its first violation, with the
     line that replays it."""
+    if mutants:
+        _hunt_mutants(SEARCH_SEEDS if seeds == 1 else seeds)
+        return
     kinds = _faults(faults)
     blackout, down, recording = _outage(cluster_outage), _outage(downstream_outage), _outage(recording_outage)
     history = _outage(history_outage)
@@ -151,6 +163,25 @@ def run(
         _print(report, time.monotonic() - started, as_json)
         failed += not report.ok
     if failed:
+        raise typer.Exit(1)
+
+
+def _hunt_mutants(seeds: int) -> None:
+    """Search each mutant's worlds; the table on stdout, progress on stderr.
+    Exit 1 when a mutant once caught is caught no more."""
+    results = []
+    for mutant in (*MUTANTS, *NOT_YET_CAUGHT):
+        started = time.monotonic()
+        found = search(mutant, seeds, timeout_s=3_600)
+        result = found.result
+        verdict = f"caught by {result.kind} seed {result.seed}" if result.caught else "not caught"
+        seconds = time.monotonic() - started
+        typer.echo(f"{mutant.name}: {verdict} ({result.worlds_run} worlds, {seconds:.0f} s)", err=True)
+        for kind, seed in found.failing_unchanged:
+            typer.echo(f"  passed over {kind} seed {seed}: it breaks an invariant unchanged", err=True)
+        results.append(result)
+    typer.echo(table(results))
+    if not all(r.caught for r in results[: len(MUTANTS)]):
         raise typer.Exit(1)
 
 
