@@ -309,6 +309,9 @@ class ClaimSeen:
     updated_at_ms: int
     delivery: int
     alive_until_ms: int
+    # A failed claim's failure (ClaimedFailure.to_json): the history is owed
+    # that failure, never a run of the failed delivery again.
+    failure: str | None = None
 
 
 class SweepLook(NamedTuple):
@@ -346,6 +349,9 @@ class SweepVerdict(enum.Enum):
     DROP = "drop"  # nothing owed by this look: the run ended, is owed by a row, or was handed on since
     LOOK_AGAIN = "look_again"  # a worker holds it alive, or the dispatcher has not delivered it yet
     OWE = "owe"  # handed on or running under a dead claim: owed again, as its next delivery
+    # Its claim failed and keeps the failure, which the history lacks: the
+    # failure is recorded (ClaimedFailure.written_as); the claim stays failed.
+    RECORD_FAILURE = "record_failure"
 
 
 def sweep_verdict(
@@ -361,7 +367,10 @@ def sweep_verdict(
     still: a consumer's backlog. Otherwise, handed on,
     running or interrupted under a claim whose holder is dead (its lease
     ran out, or it let go, succeeded or failed without the history saying
-    so) for DEAD_CLAIM_AFTER_MS: nothing will hand it on again but this."""
+    so) for DEAD_CLAIM_AFTER_MS: nothing will hand it on again but this.
+    A claim that failed and keeps its failure is never owed as a delivery
+    (that would take the failed claim over and run a dead letter again, or
+    a retry before its backoff): its failure is recorded instead."""
     if delivery > looked_for:
         return SweepVerdict.DROP
     if state not in ("running", "interrupted") and not (state == "scheduled" and handed_on):
@@ -369,7 +378,11 @@ def sweep_verdict(
     if claim is None or claim.delivery < looked_for:
         return SweepVerdict.LOOK_AGAIN
     dead_since = claim.alive_until_ms if claim.state == "running" else claim.updated_at_ms
-    return SweepVerdict.OWE if dead_since + DEAD_CLAIM_AFTER_MS <= now_ms else SweepVerdict.LOOK_AGAIN
+    if dead_since + DEAD_CLAIM_AFTER_MS > now_ms:
+        return SweepVerdict.LOOK_AGAIN
+    if claim.state == "failed" and claim.failure is not None:
+        return SweepVerdict.RECORD_FAILURE
+    return SweepVerdict.OWE
 
 
 def owed_behind_mark(state: str, handed_on: bool, run_due_ms: int, row_due_ms: int) -> bool:
@@ -1187,6 +1200,16 @@ class Claim:
     failure: str | None = None
 
 
+def not_at_delivery(retry_due_ms: int | None, delivered_due_ms: int) -> int | None:
+    """A retry's due time, never the time its failed delivery was due for:
+    the stores key a run's schedule row by its due time, and the row it was
+    delivered from may still be marked handed on by its leader's late
+    record, which would take the retry's row for that delivery."""
+    if retry_due_ms is not None and retry_due_ms == delivered_due_ms:
+        return retry_due_ms + 1
+    return retry_due_ms
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedFailure:
     """A failed delivery's end, kept on its claim before the run's history
@@ -1211,6 +1234,18 @@ class ClaimedFailure:
             },
             separators=(",", ":"),
         )
+
+    def written_as(self, record: DispatchRecord, now_ms: int) -> tuple[DispatchRecord, int | None]:
+        """The record and retry time ScheduleStore.run_failed is given to
+        write this failure, kept on the claim of ``record``'s run, into the
+        history as the failing delivery's worker would have: its delivery
+        and due time, and the retry it chose, not behind ``now_ms`` (a
+        partition's watermark may have passed it while nobody knew of it)
+        and never at the time it was delivered for (not_at_delivery)."""
+        failed = record._replace(attempt=self.delivery, due_ms=self.due_ms)
+        if self.retry_due_ms is None:
+            return failed, None
+        return failed, not_at_delivery(max(self.retry_due_ms, now_ms), self.due_ms)
 
     @classmethod
     def from_json(cls, text: str) -> ClaimedFailure:

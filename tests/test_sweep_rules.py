@@ -21,6 +21,8 @@ NOW = 1_800_000_000_000
 LONG_AGO = NOW - DEAD_CLAIM_AFTER_MS
 LATELY = LONG_AGO + 1
 DROP, AGAIN, OWE = SweepVerdict.DROP, SweepVerdict.LOOK_AGAIN, SweepVerdict.OWE
+RECORD = SweepVerdict.RECORD_FAILURE
+KEPT = '{"failure":"...","retry_due_ms":null,"delivery":1,"due_ms":0}'  # what the verdict is given, never read
 
 
 def running(alive_until: int, delivery: int = 1) -> ClaimSeen:
@@ -49,7 +51,16 @@ def running(alive_until: int, delivery: int = 1) -> ClaimSeen:
         ("scheduled", True, 1, 1, running(LONG_AGO), OWE),
         ("interrupted", True, 1, 1, ClaimSeen("released", LONG_AGO, 1, 0), OWE),
         ("running", True, 1, 1, ClaimSeen("succeeded", LONG_AGO, 1, 0), OWE),
+        # A failed claim without its failure (kept before claims kept it).
         ("running", True, 1, 1, ClaimSeen("failed", LONG_AGO, 1, 0), OWE),
+        # A failed claim keeping its failure: the failure is recorded, the
+        # failed delivery never owed again; not before its worker's own
+        # write has had DEAD_CLAIM_AFTER_MS to land.
+        ("running", True, 1, 1, ClaimSeen("failed", LONG_AGO, 1, 0, KEPT), RECORD),
+        ("running", True, 1, 2, ClaimSeen("failed", LONG_AGO, 2, 0, KEPT), RECORD),
+        ("running", True, 1, 1, ClaimSeen("failed", LATELY, 1, 0, KEPT), AGAIN),
+        # A released claim is let go of with no outcome: owed again.
+        ("running", True, 1, 1, ClaimSeen("released", LONG_AGO, 1, 0), OWE),
     ],
 )
 def test_the_sweeps_verdict(

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from pysched import overlap
 from pysched.clock import Clock
+from pysched.kept_failures import record_kept_failure
 from pysched.memory.claims import ClaimTables
 from pysched.memory.faults import FaultHook, Guard
 from pysched.memory.rows import replace_row
@@ -633,6 +634,8 @@ class MemoryScheduleStore:
                         self.tables.sweep.add(look, now_ms + SWEEP_LOOK_AFTER_MS)
                 if verdict is SweepVerdict.OWE and seen is not None and self._owe_again(look, seen, now_ms):
                     owed += 1
+                elif verdict is SweepVerdict.RECORD_FAILURE and seen is not None and seen.failure is not None:
+                    record_kept_failure(self, look.record(), seen.failure, now_ms)
             with self._op("sweep_done"):
                 self.tables.sweep.drop(partition, bucket)
                 self.tables.sweep.swept_through[partition] = bucket
@@ -649,7 +652,14 @@ class MemoryScheduleStore:
         seen = (
             None
             if claim is None
-            else ClaimSeen(claim.state, claim.updated_at_ms, claim.delivery, claim.lease_expires_ms)
+            else ClaimSeen(
+                claim.state,
+                claim.updated_at_ms,
+                claim.delivery,
+                claim.lease_expires_ms,
+                # A failed claim's result is the failure it keeps.
+                claim.result if claim.state == "failed" else None,
+            )
         )
         verdict = sweep_verdict(row.state, row.dispatched_at_ms is not None, row.delivery, look.delivery, seen, now_ms)
         return verdict, seen

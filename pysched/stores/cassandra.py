@@ -48,6 +48,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
 from pysched import overlap
 from pysched.clock import Clock
 from pysched.config import ClusterConfig, host_port
+from pysched.kept_failures import record_kept_failure
 from pysched.model import STORED, Job, Overlap, plannable_job
 from pysched.overlap import RunningSlot, SlotHold, SlotTake
 from pysched.protocols import (
@@ -1065,6 +1066,8 @@ class CassandraScheduleStore:
                     again.append(look)
                 elif verdict is SweepVerdict.OWE and claim is not None and self._owe_again(look, *claim, now_ms):
                     owed += 1
+                elif verdict is SweepVerdict.RECORD_FAILURE and seen is not None and seen.failure is not None:
+                    record_kept_failure(self, look.record(), seen.failure, now_ms)
             self._sweep.look_again(again, now_ms + SWEEP_LOOK_AFTER_MS)
             self._sweep.done(partition, bucket, bool(looks))
         return owed

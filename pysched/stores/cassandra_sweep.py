@@ -56,7 +56,8 @@ class CassandraSweep:
         self._cursor = p(f"SELECT swept_through FROM {ks}.sweep_cursors WHERE partition = ?")
         self._set_cursor = p(f"UPDATE {ks}.sweep_cursors SET swept_through = ? WHERE partition = ?")
         self._claim = p(
-            f"SELECT state, holder, lease_expires_ms, updated_at_ms, delivery FROM {ks}.claims WHERE idem_key = ?"
+            f"SELECT state, holder, lease_expires_ms, updated_at_ms, delivery, result FROM {ks}.claims"
+            " WHERE idem_key = ?"
         )
         self._let_go = p(
             f"UPDATE {ks}.claims SET state = ?, holder = ?, updated_at_ms = ? WHERE idem_key = ?"
@@ -104,7 +105,9 @@ class CassandraSweep:
                 # live worker still holds the run (claims/redis_cassandra).
                 left = None if self._run_held is None else self._run_held(key)
                 alive_until = now_ms if left is None else (now_ms + left if left > 0 else alive_until)
-            seen = ClaimSeen(str(row.state), int(row.updated_at_ms or 0), int(row.delivery or 0), alive_until)
+            # A failed claim's result is the failure it keeps.
+            failure = str(row.result) if row.state == "failed" and row.result is not None else None
+            seen = ClaimSeen(str(row.state), int(row.updated_at_ms or 0), int(row.delivery or 0), alive_until, failure)
             out.append((seen, str(row.holder)))
         return out
 

@@ -63,6 +63,7 @@ from pydantic import ValidationError
 from pysched.catchup import late_reason
 from pysched.clock import Clock
 from pysched.downstream import downstream_of
+from pysched.kept_failures import record_kept_failure
 from pysched.model import Job
 from pysched.overlap import OWED, SlotHold, Verdict, waiting_reason, wake_reason
 from pysched.protocols import (
@@ -79,6 +80,7 @@ from pysched.protocols import (
     RunRecord,
     ScheduleStore,
     next_attempt,
+    not_at_delivery,
     of_replaced_job,
 )
 from pysched.records import DispatchRecord
@@ -119,16 +121,6 @@ class Ended:
     parked_until_ms: int | None = None
     # Parked as the run its job's slot lists as waiting (overlap.SlotTake).
     listed: bool = False
-
-
-def _not_at_delivery(retry_due_ms: int | None, delivered_due_ms: int) -> int | None:
-    """A retry's due time, never the time its failed delivery was due for:
-    the stores key a run's schedule row by its due time, and the row it was
-    delivered from may still be marked handed on by its leader's late
-    record, which would take the retry's row for that delivery."""
-    if retry_due_ms is not None and retry_due_ms == delivered_due_ms:
-        return retry_due_ms + 1
-    return retry_due_ms
 
 
 def _outcome(end: Ended) -> RunOutcome:
@@ -1058,7 +1050,7 @@ class Executor:
                     f"{error or 'failed'} (the retry budget of {downstream} is spent: retried in {delay / 1000:.0f} s)"
                 )
         retry_due_ms = None if delay is None else end.at_ms + delay
-        retry_due_ms = _not_at_delivery(retry_due_ms, record.due_ms)
+        retry_due_ms = not_at_delivery(retry_due_ms, record.due_ms)
         execution.recorded_error = error
         failure = FailedAttempt(
             attempt,
@@ -1076,34 +1068,9 @@ class Executor:
         """Write a failure its claim kept (ClaimedFailure) into the run's
         history, as its delivery's worker would have, unless the history
         has it already: that worker died between the two writes."""
-        try:
-            claimed = ClaimedFailure.from_json(text)
-        except (ValueError, KeyError, TypeError):
-            # A claim completed before claims kept their failure: the
-            # history was written after it, or the run is taken over as lost.
-            return
-        failure = claimed.failure
-        try:
-            run = self.store.get_run(record.job_id, record.run_at_ms, record.attempt_group)
-        except RunNotFound:
-            return
-        if any(f.attempt == failure.attempt for f in run.failures):
-            return
-        failed = record._replace(attempt=claimed.delivery, due_ms=claimed.due_ms)
-        retry_due_ms = claimed.retry_due_ms
-        if retry_due_ms is not None:
-            # Not behind its partition's watermark, where no leader reads it:
-            # the retry was due while nobody knew of it. Never at the time
-            # it was delivered for (_not_at_delivery).
-            retry_due_ms = _not_at_delivery(max(retry_due_ms, self.clock.now_ms()), claimed.due_ms)
-        self.store.run_failed(failed, failure, retry_due_ms)
-        log.warning(
-            "recorded attempt %d of %s failed, as its claim kept it (its worker died before the history had it)",
-            failure.attempt,
-            record.idempotency_key,
-        )
-        if claimed.retry_due_ms is None and self.dead_letters is not None:
-            self._announce_dead_letter(failed)
+        claimed = record_kept_failure(self.store, record, text, self.clock.now_ms())
+        if claimed is not None and claimed.retry_due_ms is None and self.dead_letters is not None:
+            self._announce_dead_letter(record)
 
     def _announce_dead_letter(self, record: DispatchRecord) -> None:
         """After the store has it: a failure to announce loses nothing the
