@@ -107,7 +107,7 @@ from pysched.stores import cassandra_job_ids as job_id_tables
 from pysched.stores import cassandra_slots as slot_tables
 from pysched.stores import cassandra_sweep as sweep_tables
 from pysched.stores.cassandra_rows import applied, named_rows
-from pysched.stores.cql_tables import Batch, Bound, CqlTables, DriverTables, Prepared
+from pysched.stores.cql_tables import Batch, Bound, CqlTables, DriverTables, Prepared, raise_failed
 
 log = logging.getLogger("pysched.cassandra")
 
@@ -139,6 +139,17 @@ _FULL_RUN_COLUMNS = (
     "run_id, job_id, run_at_ms, attempt_group, due_ms, partition, state, attempt, fence, dispatched_at_ms,"
     " started_at_ms, ended_at_ms, worker, error, result, failures, dead_at_ms, delivery, ended_attempt"
 )
+
+
+@dataclass(frozen=True)
+class PrunedDeadLetter:
+    """A dead letter the pruner read and means to delete, as it read it."""
+
+    job_id: str
+    run_at_ms: int
+    attempt_group: int
+    partition: int
+    dead_at_ms: int
 
 
 class BackendUnavailable(ConnectionError):
@@ -562,9 +573,15 @@ class CassandraScheduleStore:
             " result = ?, run_id = ?, partition = ?, dead_at_ms = ?"
             " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
         )
+        # Conditional on the dead letter as read, as the pruner's delete of
+        # it is: of a redrive and a pruning of one run, Paxos lets one win.
         self._redrive_run = p(
             f"UPDATE {ks}.runs SET state = 'retrying', due_ms = ?, ended_at_ms = null, dead_at_ms = null"
-            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+            " WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ? IF state = 'failed' AND dead_at_ms = ?"
+        )
+        self._delete_dead_run = p(
+            f"DELETE FROM {ks}.runs WHERE job_id = ? AND run_at_ms = ? AND attempt_group = ?"
+            " IF state = 'failed' AND dead_at_ms = ?"
         )
         self._insert_dead_letter = p(
             f"INSERT INTO {ks}.dead_letters (partition, failed_at_ms, job_id, run_at_ms, attempt_group)"
@@ -1545,9 +1562,12 @@ class CassandraScheduleStore:
         return self.get_run(job_id, now_ms, group)
 
     def redrive(self, job_id: str, run_at_ms: int, attempt_group: int, now_ms: int) -> bool:
-        # Read, then plain writes: two redrives of one run at once both
-        # write, and the two schedule rows are read as one delivery
-        # (add_read_run).
+        # The run reopened first, conditional on the dead letter as read:
+        # a pruner deleting it (conditionally too) and a second redrive
+        # each find it changed, so only one of them goes on. Its schedule
+        # row and the dead letter's deletion follow; a redrive that dies
+        # between the two leaves the run retrying, owed by no row, and is
+        # not acknowledged.
         key = (job_id, run_at_ms, attempt_group)
         row = self.tables.execute(self._get_run, key).one()
         if row is None or row.state != "failed" or row.dead_at_ms is None or row.partition is None:
@@ -1559,11 +1579,12 @@ class CassandraScheduleStore:
         # watermark whatever the client's clock says.
         due = placed_ahead(now_ms + HAND_BACK_MS, self.watermarks().get(row.partition))
         run_id = run_id_for(*key) if row.run_id is None else row.run_id
+        if not applied(self.tables.execute(self._redrive_run, (due, *key, row.dead_at_ms))):
+            return False  # pruned, or redriven, meanwhile
         batch: list[Bound] = []
         batch.append(
             (self._hand_back_schedule, (due // BUCKET_MS, row.partition, due, run_id, *key, _delivery(row), None))
         )
-        batch.append((self._redrive_run, (due, *key)))
         batch.append((self._delete_dead_letter, dead))
         self.tables.batch(batch, logged=True)
         self.tables.execute(self._bump, (row.partition,))
@@ -1592,30 +1613,51 @@ class CassandraScheduleStore:
             chunk = job_ids[start : start + _PRUNE_READ_JOBS]
             read = self.tables.execute_many([(self._run_ends, (j,)) for j in chunk], concurrency=32)
             deletes: list[tuple[Prepared, tuple[Any, ...]]] = []
+            dead_runs: list[PrunedDeadLetter] = []
             for job_id, (ok, result) in zip(chunk, read, strict=True):
                 if not ok:
                     raise result
                 rows = list(result)
                 runs = [(r.run_at_ms, r.attempt_group, r.state, r.ended_at_ms) for r in rows]
                 chosen = prunable(runs, finished_before_ms, keep_per_job, limit - deleted)
-                deletes.extend(self._prune_statements(job_id, runs, chosen, now_ms))
-                # A dead letter goes with its run.
-                for i in sorted(chosen):
+                dead = {i for i in chosen if rows[i].state == "failed" and rows[i].dead_at_ms is not None}
+                # The dead letters stay in _prune_statements' eyes: they go
+                # by _delete_dead_runs alone.
+                deletes.extend(self._prune_statements(job_id, runs, chosen - dead, now_ms))
+                for i in sorted(dead):
                     r = rows[i]
-                    if r.dead_at_ms is not None:
-                        p = job_partitions[job_id] if r.partition is None else r.partition
-                        deletes.append(
-                            (self._delete_dead_letter, (p, r.dead_at_ms, job_id, r.run_at_ms, r.attempt_group))
-                        )
+                    p = job_partitions[job_id] if r.partition is None else r.partition
+                    dead_runs.append(PrunedDeadLetter(job_id, r.run_at_ms, r.attempt_group, p, r.dead_at_ms))
                 deleted += len(chosen)
                 if deleted >= limit:
                     break
+            gone = self._delete_dead_runs(dead_runs)
+            deleted -= len(dead_runs) - len(gone)
+            kept_s = PRUNED_CLAIM_KEPT_MS // 1_000
+            for d in gone:
+                key = (d.job_id, d.run_at_ms, d.attempt_group)
+                deletes.append((self._bury_claim, (idempotency_key(*key), now_ms, kept_s)))
+                deletes.append((self._delete_dead_letter, (d.partition, d.dead_at_ms, *key)))
             for ok, result in self.tables.execute_many(deletes, concurrency=64):
                 if not ok:
                     raise result
             if deleted >= limit:
                 break
         return deleted
+
+    def _delete_dead_runs(self, dead_runs: Sequence[PrunedDeadLetter]) -> list[PrunedDeadLetter]:
+        """The dead letters of ``dead_runs`` deleted, each only if still the
+        dead letter read (a lightweight transaction each: a redrive reopens
+        a dead letter, and no other finished run, so only these pay for
+        one). Returns those deleted; a run redriven meanwhile stays, and
+        its claim with it."""
+        if not dead_runs:
+            return []
+        statements = [
+            (self._delete_dead_run, (d.job_id, d.run_at_ms, d.attempt_group, d.dead_at_ms)) for d in dead_runs
+        ]
+        outcomes = raise_failed(self.tables.execute_many(statements, concurrency=64))
+        return [d for d, result in zip(dead_runs, outcomes, strict=True) if applied(result)]
 
     def _prune_statements(
         self, job_id: str, runs: Sequence[tuple[int, int, str, int | None]], chosen: set[int], now_ms: int
@@ -1626,7 +1668,10 @@ class CassandraScheduleStore:
         oldest stretch is deleted open-ended: each pass's tombstone then
         covers the last one's, which compaction drops. A run sharing its
         run_at with a run that stays goes by itself. Each run's claim
-        becomes a tombstone (retention.py)."""
+        becomes a tombstone (retention.py). A dead letter that goes is not
+        ``chosen`` here and breaks the stretches as a run that stays does:
+        it goes by a conditional delete of its own (_delete_dead_runs),
+        which a redrive may win."""
         kept_s = PRUNED_CLAIM_KEPT_MS // 1_000
         kept_at = {runs[i][0] for i in range(len(runs)) if i not in chosen}
         out: list[tuple[Prepared, tuple[Any, ...]]] = []
