@@ -462,7 +462,7 @@ class CassandraScheduleStore:
             " WHERE time_bucket = ? AND shard = ? AND due_ms > ? AND due_ms < ?"
         )
         self._watermarks = p(f"SELECT partition, fired_through_ms FROM {ks}.watermarks")
-        self._watermark_fences = p(f"SELECT partition, fence FROM {ks}.watermarks")
+        self._watermark_fences = p(f"SELECT partition, fence, fired_through_ms FROM {ks}.watermarks")
         # Fenced: a leader that lost its partition (and may not know it yet)
         # cannot move the watermark its successor starts from.
         self._set_watermark = p(
@@ -1051,16 +1051,19 @@ class CassandraScheduleStore:
     def sweep_owed(self, fences: Fences, now_ms: int) -> int:
         if not fences:
             return 0
-        # As finish_dispatch: nothing of a partition a newer leader took.
-        floors = {int(r.partition): int(r.fence or 0) for r in self.tables.execute(self._watermark_fences)}
-        marks = self.watermarks()
+        # As finish_dispatch: nothing of a partition a newer leader took. The
+        # fences and the watermarks in one read of the table.
+        rows = {int(r.partition): r for r in self.tables.execute(self._watermark_fences)}
         owed = 0
         for p, fence in sorted(fences.items()):
-            if floors.get(p, 0) <= fence:
-                owed += self._sweep_handed_on(p, now_ms) + self._sweep_behind(p, marks.get(p))
+            row = rows.get(p)
+            if row is not None and int(row.fence or 0) > fence:
+                continue
+            mark = None if row is None or row.fired_through_ms is None else int(row.fired_through_ms)
+            owed += self._sweep_handed_on(p, mark, now_ms) + self._sweep_behind(p, mark)
         return owed
 
-    def _sweep_handed_on(self, partition: int, now_ms: int) -> int:
+    def _sweep_handed_on(self, partition: int, mark: int | None, now_ms: int) -> int:
         """(a) of sweep_owed: the looks come due; a bucket is dropped once
         what it asks is done (a sweep that dies half-way reads it again)."""
         owed = 0
@@ -1081,7 +1084,7 @@ class CassandraScheduleStore:
                 verdict = sweep_verdict(run.state, handed_on, _delivery(run), look.delivery, seen, now_ms)
                 if verdict is SweepVerdict.LOOK_AGAIN:
                     again.append(look)
-                elif verdict is SweepVerdict.OWE and claim is not None and self._owe_again(look, *claim, now_ms):
+                elif verdict is SweepVerdict.OWE and claim is not None and self._owe_again(look, *claim, mark, now_ms):
                     owed += 1
                 elif verdict is SweepVerdict.RECORD_FAILURE and seen is not None and seen.failure is not None:
                     record_kept_failure(self, look.record(), seen.failure, now_ms)
@@ -1094,13 +1097,15 @@ class CassandraScheduleStore:
         (it placed it ahead again): a write placement missed. Logged above;
         the simulator counts each (a hole the sweep heals is still one)."""
 
-    def _owe_again(self, look: SweepLook, seen: ClaimSeen, holder: str, now_ms: int) -> bool:
+    def _owe_again(self, look: SweepLook, seen: ClaimSeen, holder: str, mark: int | None, now_ms: int) -> bool:
         """The dead claim let go of if still as read, then a row ahead of
-        the watermark, read as the delivery after the one looked for."""
+        the watermark (``mark``, as the sweep read it: _keep_owed_ahead
+        reads it again once the row is written), read as the delivery after
+        the one looked for."""
         if not self._sweep.let_go(look, seen, holder, now_ms):
             return False  # changed since: taken over, or handed back by its worker
         record = look.record()
-        due = placed_ahead(now_ms + HAND_BACK_MS, self.watermarks().get(look.partition))
+        due = placed_ahead(now_ms + HAND_BACK_MS, mark)
         key = (look.job_id, look.run_at_ms, look.attempt_group)
         row = (due // BUCKET_MS, look.partition, due, look.run_id, *key, look.delivery, None)
         self.tables.execute(self._hand_back_schedule, row)
