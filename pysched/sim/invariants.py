@@ -14,9 +14,11 @@ user expects (checked in change_invariants.py):
 
 - cancel at t: the runs of its schedule due after t are not run; one
   handed on and not started is not started (README, Pause and resume), one
-  started runs on (its ``ctx.cancelled`` is set, and it is recorded
-  cancelled: as a CronJob deleted with orphan Jobs, the simulated target
-  does not stop); so no run of the schedule starts at t or later. A run
+  started is stopped (its ``ctx.cancelled`` is set, and it is recorded
+  cancelled; the simulated target ignores the event and is killed 2 s
+  later, as a Python target with a --timeout is: its effect is there if
+  it ended by then, and not otherwise); so no run of the schedule starts
+  at t or later. A run
   due before t is owed if it was due long enough before t, with no fault
   active, to have started by then (LATE_BOUND_MS); else it may have run,
   once, or not.
@@ -38,7 +40,7 @@ user expects (checked in change_invariants.py):
 - overlap forbid, buffer_one, replace: no two runs of the job are under way
   at once (a target's call from its start to its end, or its node's death);
   a time passed over for it is recorded missed, ``overlap``; a replaced run
-  is recorded cancelled though it ran.
+  is recorded cancelled, whether its call ended before its kill or not.
 - pruning: the rows it takes are judged as they were when it took them."""
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def check_runs(
     dead: Collection[str] = (),
     lost: Collection[str] = (),
     held: Mapping[str, int] | None = None,
+    stopped: Collection[str] = (),
 ) -> tuple[list[Violation], int]:
     """``owed``: runs that must have executed by the end, failed for good
     (``dead``: the keys of the dead letters; ``lost``: those of them whose
@@ -170,6 +173,8 @@ def check_runs(
             if ledger.counted(run.key) > 1:
                 out.append(Violation("doubled", f"{run.key} ran {ledger.count(run.key)} times", run.due_ms))
             continue
+        if started is None and run.key in stopped:
+            continue  # started, then stopped by its job's change before its effect (stopped_by_change)
         if started is None:
             out.append(Violation("lost", f"{run.key} (due {run.due_ms}) never ran", run.due_ms))
             continue
@@ -229,8 +234,8 @@ def check_ends(
     letter's last failed attempt recorded as its last. A run of a job in
     ``cancelled_ok`` (cancelled or rescheduled while it ran), or one
     replaced by its job's next run (overlap replace), is rightly recorded
-    cancelled though its target ran on: the simulated target does not stop
-    when told."""
+    cancelled once its target was called, whether its effect landed before
+    the call was killed or not."""
     out: list[Violation] = []
     # Every attempt group of a time is judged, not only the first: a later
     # group (a redrive) is the same time's run again.
@@ -252,11 +257,29 @@ def check_ends(
 
 
 def _cancelled_as_told(row: RunRow | None, key: str, ledger: Ledger, job_changed: bool) -> bool:
-    """A run that ran and is recorded cancelled because its job was
-    cancelled or rescheduled meanwhile, or its job's next run replaced it."""
-    if row is None or row.state != "cancelled" or key not in ledger.first_start:
+    """A run that ran (or was called, and killed when stopped) and is
+    recorded cancelled because its job was cancelled or rescheduled
+    meanwhile, or its job's next run replaced it."""
+    if row is None or row.state != "cancelled" or (key not in ledger.first_start and key not in ledger.killed):
         return False
     return job_changed or (row.error or "").startswith("replaced:")
+
+
+def stopped_by_change(
+    ledger: Ledger, runs: Mapping[str, Mapping[tuple[int, int], RunRow]], changed: Collection[str]
+) -> set[str]:
+    """The runs whose call was killed, with no effect, after their job's
+    change stopped them (cancelled, rescheduled, replaced by its next run),
+    and so rightly recorded cancelled: started, and owed nothing more."""
+    out = set()
+    for key in ledger.killed:
+        if key in ledger.first_start:
+            continue
+        job_id, run_at, group = key.rsplit(":", 2)
+        row = runs.get(job_id, {}).get((int(run_at), int(group)))
+        if _cancelled_as_told(row, key, ledger, job_id in changed):
+            out.add(key)
+    return out
 
 
 def _ends_of(key: str, row: RunRow | None, ledger: Ledger, due_ms: int) -> list[Violation]:

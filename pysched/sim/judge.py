@@ -29,6 +29,7 @@ from pysched.sim.invariants import (
     check_retry_waits,
     check_runs,
     check_settled,
+    stopped_by_change,
 )
 from pysched.sim.ledger import Ledger
 from pysched.sim.owed_changes import ChangedOwed, WorldOwed, owed_after_changes
@@ -152,7 +153,8 @@ def judge_runs(judged: JudgedWorld, leader_config: LeaderConfig) -> tuple[list[V
     lost = judged.lost_dead_letters()
     changed = judged.changed
     held = {**changed.held, **waits_for_overlap(ledger)}
-    violations, counts.missed = check_runs(owed, later, ledger, judged.quiet_from_ms, missed, dead, lost, held)
+    stopped = stopped_by_change(ledger, judged.runs, changed.changed)
+    violations, counts.missed = check_runs(owed, later, ledger, judged.quiet_from_ms, missed, dead, lost, held, stopped)
     counts.owed = owed.count if owed.count is not None else sum(1 for _ in owed)
     counts.dead_letters = len(dead)
     by_id = {job.id: job for job in judged.jobs}

@@ -11,12 +11,17 @@ import random
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from typing import cast
 
 from pysched.clock import Clock
-from pysched.sim.fibers import current_fiber
+from pysched.python_child import KILL_AFTER_S
+from pysched.sim.fibers import Fiber, current_fiber
 from pysched.targets import RunContext
 
 TARGET = "pysched.sim.ledger:record"
+# A call stopped by its worker (its ctx.cancelled set) is killed this long
+# after, as a Python target with a --timeout is: SIGTERM, then SIGKILL.
+KILL_AFTER_MS = int(KILL_AFTER_S * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,17 +30,31 @@ class Execution:
     at_ms: int  # true (world) time the job started
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)
 class CallInFlight:
     """A call that takes time (a world with --target-time): made at
     ``start_ms``, its effect lands at ``end_ms``; ``owner``: the node
-    process whose target made it."""
+    process whose target made it, on ``fiber``; ``stopped``: its run's
+    ``ctx.cancelled``, and ``killed_at_ms`` when its process is killed
+    for it (``Ledger.land``)."""
 
     key: str
+    attempt: int
     start_ms: int
     end_ms: int
     fails: bool
-    owner: object
+    fiber: Fiber
+    stopped: threading.Event
+    killed_at_ms: int | None = None
+
+    @property
+    def owner(self) -> object:
+        return self.fiber.owner
+
+    @property
+    def killed(self) -> bool:
+        """Whether its process is killed before its effect lands."""
+        return self.killed_at_ms is not None and self.killed_at_ms < self.end_ms
 
 
 class Ledger:
@@ -83,6 +102,10 @@ class Ledger:
         self.numbered: frozenset[str] = frozenset()
         self.first_call: dict[str, int] = {}
         self.spans: dict[str, list[tuple[int, int, str]]] = {}
+        # Runs a call of which was killed after its worker stopped it, and
+        # that call's start: one whose job's change stopped it is recorded
+        # cancelled with no effect (invariants.stopped_by_change).
+        self.killed: dict[str, int] = {}
 
     def _span(self, call: CallInFlight, end_ms: int) -> None:
         job_id = call.key.rsplit(":", 2)[0]
@@ -100,15 +123,50 @@ class Ledger:
 
     def land(self, now_ms: int) -> None:
         """The effects of the calls in flight that end by ``now_ms``, in the
-        order they end (then made)."""
-        due = sorted((c for c in self.in_flight if c.end_ms <= now_ms), key=lambda c: c.end_ms)
-        if not due:
+        order they end (then made); and the calls killed by ``now_ms``,
+        which never land."""
+        self._kill_stopped(now_ms)
+        killed = [c for c in self.in_flight if c.killed and cast(int, c.killed_at_ms) <= now_ms]
+        due = sorted((c for c in self.in_flight if c.end_ms <= now_ms and not c.killed), key=lambda c: c.end_ms)
+        if not due and not killed:
             return
-        self.in_flight = [c for c in self.in_flight if c.end_ms > now_ms]
+        ended = {id(c) for c in (*due, *killed)}
+        self.in_flight = [c for c in self.in_flight if id(c) not in ended]
+        for call in killed:
+            self._kill(call)
+            call.fiber.wake_at_ms = call.killed_at_ms  # its worker hears of the kill now
         for call in due:
             self._land(call)
             self._span(call, call.end_ms)
         self.unheard += due
+
+    def _kill(self, call: CallInFlight) -> None:
+        """``call``'s process is killed before it ended: an attempt that
+        failed with no effect, as the worker that stopped it records it
+        (taken over, the taker records it lost; stopped by its job's
+        change, it is recorded cancelled). Kept among the run's tries, so
+        that its next attempt is held to the retry it was given."""
+        self._span(call, cast(int, call.killed_at_ms))
+        self.killed.setdefault(call.key, call.start_ms)
+        tries = self.tries.setdefault(call.key, [])
+        if (call.attempt, call.start_ms) not in tries:
+            tries.append((call.attempt, call.start_ms))
+        self.fail(call.key, call.start_ms)
+
+    def _kill_stopped(self, now_ms: int) -> None:
+        """The calls whose run was stopped since the last look (its lease
+        lost, its job cancelled, a newer run replacing it) are killed
+        ``KILL_AFTER_MS`` on, as the real executor kills a Python target's
+        child process: the world's target ignores ``ctx.cancelled``, so one
+        that has not ended by its kill never lands. A target in a thread
+        could not be killed, and would land beside the run's next
+        execution once its lease was lost (README: a Python target checks
+        ``ctx.cancelled``, or is given a --timeout); the world judges the
+        scheduler, not a target that ignores its stop. Seen a round late at
+        most: the stop is made within a node's round, after the landing."""
+        for call in self.in_flight:
+            if call.killed_at_ms is None and call.stopped.is_set():
+                call.killed_at_ms = now_ms + KILL_AFTER_MS
 
     def heard(self, call: CallInFlight) -> None:
         """The node that made ``call`` has its answer (its fiber goes on)."""
@@ -148,9 +206,14 @@ class Ledger:
 
     def finish(self) -> None:
         """The world ends: a call still under way counts as the execution it
-        will be (its run started, and is not lost); one failing counts no
+        will be (its run started, and is not lost), unless it is to be
+        killed before it ends; one failing, or to be killed, counts no
         failure yet, as none is recorded yet."""
+        self._kill_stopped(self.clock.now_ms())
         for call in self.in_flight:
+            if call.killed:
+                self._span(call, cast(int, call.killed_at_ms))
+                continue
             self._span(call, call.end_ms)
             self.under_way_at_end.add(call.key)
             if not call.fails:
@@ -235,9 +298,13 @@ def record(ctx: RunContext) -> None:
     fiber = current_fiber()
     if duration_ms is not None and fiber is not None:
         end_ms = now_ms + int(duration_ms)
-        call = CallInFlight(key, now_ms, end_ms, fails, fiber.owner)
+        call = CallInFlight(key, ctx.attempt, now_ms, end_ms, fails, fiber, ctx.cancelled)
         ledger.in_flight.append(call)
-        fiber.suspend(end_ms)  # the world lands it at end_ms, before this goes on
+        fiber.suspend(end_ms)  # the world lands it at end_ms, or kills it, before this goes on
+        if call.killed:
+            raise SimulatedFailure(
+                f"attempt {ctx.attempt} stopped: its process killed {KILL_AFTER_S:g} s after ctx.cancelled"
+            )
         ledger.heard(call)
     elif fails:
         ledger.fail(key, now_ms)
