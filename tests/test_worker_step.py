@@ -317,6 +317,25 @@ def test_a_heartbeat_that_fails_is_left_to_the_next_beat() -> None:
     assert w.cluster.claims.claim_rows()[record.idempotency_key].lease_expires_ms == T0 + 20_000 + CONFIG.lease_ms
 
 
+def test_a_lease_that_cannot_be_renewed_before_the_next_beat_is_given_up_at_this_one() -> None:
+    # Two beats fail: the third would come when the lease has run out, and
+    # another worker may be taking the run over then. Stopped at the second,
+    # the target is killed (kill_after_s) while the claim is still its own.
+    w = World(
+        fault("store", "run_started"),
+        fault("claims", "heartbeat"),
+        ScriptedFault(FaultPoint("claims", "heartbeat", "before"), occurrence=2),
+    )
+    w.dispatch("job")
+    assert w.step()
+    assert w.executor.heartbeat_step(T0 + 10_000) == 0
+    assert w.executor.counts["lease_lost"] == 0, "one failed beat leaves time for the next"
+    assert w.executor.heartbeat_step(T0 + 20_000) == 0
+    beat_ms, kill_ms = CONFIG.heartbeat_ms, int(CONFIG.kill_after_s * 1000)
+    assert T0 + 20_000 + beat_ms + kill_ms >= T0 + CONFIG.lease_ms
+    assert w.executor.counts["lease_lost"] == 1
+
+
 def test_a_stale_leaders_record_is_handed_back_and_acknowledged() -> None:
     w = World()
     (record,) = w.dispatch("job")

@@ -297,10 +297,23 @@ class Executor:
             lost = [running[i] for i in not_extended if running[i].ended is None]
         except Exception as exc:
             log.warning("heartbeat failed, will retry: %s", exc)
-            # Unrenewed for a whole lease: another worker may hold it now.
+            # A lease that would run out before the next beat could renew it,
+            # the kill that follows a stop included, is given up at this one:
+            # stopped once it ran out, a target may still be running when
+            # another worker takes its run over, and runs beside it. Never
+            # before two beats failed in a row (a lease shorter than a beat
+            # and a kill cannot keep to this), nor later than the lease.
+            beat_ms, kill_ms = self.config.heartbeat_ms, int(self.config.kill_after_s * 1000)
+            give_up_ms = min(lease_ms, max(lease_ms - beat_ms - kill_ms, 2 * beat_ms))
             for execution in running:
-                if now_ms - execution.renewed_at_ms >= lease_ms:
-                    self.stop(execution, f"its lease ran out: not renewed for {lease_ms / 1000:g} s", lease_lost=True)
+                if now_ms - execution.renewed_at_ms >= give_up_ms:
+                    unrenewed_s = (now_ms - execution.renewed_at_ms) / 1000
+                    self.stop(
+                        execution,
+                        f"its lease could not be renewed in time: not renewed for {unrenewed_s:g} s"
+                        f" of its {lease_ms / 1000:g} s",
+                        lease_lost=True,
+                    )
             return 0
         for execution in running:
             if execution in lost:
