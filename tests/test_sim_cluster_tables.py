@@ -20,7 +20,9 @@ from pysched.protocols import NextRuns
 from pysched.registry import register_many
 from pysched.sim.cluster_tables import REDIS_DOWN_MS, TableServers, driver_failure
 from pysched.sim.faults import FaultEvent, NodeFaults
+from pysched.sim.runner import simulate
 from pysched.sim.world import NodeClock
+from pysched.sim.worlds import tables_recording_outage_world
 
 T0 = 1_800_000_000_000
 
@@ -167,3 +169,10 @@ def test_a_stored_fence_written_lower_is_seen_and_a_run_owed_again_under_its_old
     tables.execute("UPDATE watermarks SET fence = %s WHERE partition = %s", (fence - 1, 1))
     kinds = {v.kind for v in servers.fences.violations}
     assert kinds == {"fence-superseded", "fence-lowered"}
+
+
+def test_a_recording_outage_on_the_tables_writes_nothing_under_a_superseded_fence() -> None:
+    # The world that catches fence-check-dropped (sim/mutants.py) holds
+    # with the store's fence check in: the catch is the mutant's.
+    report = simulate(tables_recording_outage_world(4))
+    assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"
