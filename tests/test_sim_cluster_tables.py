@@ -16,10 +16,13 @@ from cassandra.cluster import NoHostAvailable
 from pysched.clock import ManualClock
 from pysched.memory.cql import TableCall
 from pysched.model import Job
+from pysched.protocols import NextRuns
 from pysched.registry import register_many
 from pysched.sim.cluster_tables import REDIS_DOWN_MS, TableServers, driver_failure
 from pysched.sim.faults import FaultEvent, NodeFaults
+from pysched.sim.runner import simulate
 from pysched.sim.world import NodeClock
+from pysched.sim.worlds import tables_recording_outage_world
 
 T0 = 1_800_000_000_000
 
@@ -114,3 +117,62 @@ def test_redis_keys_expire_by_the_world_s_clock(clock: ManualClock, servers: Tab
     fast.set("marker", "held", px=60_000)
     clock.advance(120_000)
     assert fast.get("marker") == b"held"
+
+
+def _issue_fence(servers: TableServers, partition: int, holder: str) -> int:
+    """etcd issues ``holder`` the next fence of ``partition`` (its previous
+    leader key deleted, as a hand-over does)."""
+    election = servers.election
+    with election.lock:
+        for other in list(election.nodes):
+            election.delete_leader_key(partition, other)
+        lease = election.grant_lease(holder, 10_000)
+        election.put_node(holder, lease)
+        fence = election.create_leader_key(partition, holder, lease)
+    assert fence is not None
+    return fence
+
+
+def test_a_watermark_moved_under_a_superseded_fence_is_seen_at_the_tables(
+    clock: ManualClock, servers: TableServers
+) -> None:
+    old = servers.node(NodeFaults(random.Random(1)), NodeClock(clock, 0), "node-0.0")
+    first = _issue_fence(servers, 0, "node-0.0")
+    old.store.raise_fence(0, first)
+    old.store.finish_dispatch([], {0: first}, {0: T0 + 60_000}, T0, NextRuns([], []))
+    assert servers.fence_violation() is None  # its own fence, the highest issued
+    # A successor is issued a fence and has not yet raised the stored one:
+    # the table's condition (IF fence <= first) lets the old leader's
+    # watermark move through, and the check at the tables sees it.
+    _issue_fence(servers, 0, "node-1.0")
+    old.store.finish_dispatch([], {0: first}, {0: T0 + 120_000}, T0, NextRuns([], []))
+    seen = servers.fence_violation()
+    assert seen is not None and seen.kind == "fence-superseded"
+
+
+def test_a_stored_fence_written_lower_is_seen_and_a_run_owed_again_under_its_old_fence_is_not(
+    clock: ManualClock, servers: TableServers
+) -> None:
+    node = servers.node(NodeFaults(random.Random(1)), NodeClock(clock, 0), "node-0.0")
+    fence = _issue_fence(servers, 1, "node-0.0")
+    node.store.raise_fence(1, fence)
+    tables = servers.servers.tables.client(clock, "a writer", servers.servers.config.keyspace)
+    # A schedule row inserted with an older fence: a run owed again keeps
+    # the fence it was handed on under, a worker's write, not a leader's.
+    tables.execute(
+        "INSERT INTO schedule (time_bucket, shard, due_ms, run_id, job_id, run_at_ms, attempt_group, attempt, fence)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (0, 1, T0, 7, "j", T0, 0, 1, fence - 1),
+    )
+    assert servers.fence_violation() is None
+    clock.advance(1)  # a later write timestamp: last write wins, and it is this one
+    tables.execute("UPDATE watermarks SET fence = %s WHERE partition = %s", (fence - 1, 1))
+    kinds = {v.kind for v in servers.fences.violations}
+    assert kinds == {"fence-superseded", "fence-lowered"}
+
+
+def test_a_recording_outage_on_the_tables_writes_nothing_under_a_superseded_fence() -> None:
+    # The world that catches fence-check-dropped (sim/mutants.py) holds
+    # with the store's fence check in: the catch is the mutant's.
+    report = simulate(tables_recording_outage_world(4))
+    assert report.ok, f"{report.violations[:3]}\nreplay: {report.config.replay_line()}"

@@ -35,6 +35,8 @@ from pysched.memory_cluster import RunHeld, open_memory_cluster
 from pysched.protocols import FailedAttempt, Fences, JobPlanState, MissedRuns, NextRuns, Run
 from pysched.records import DispatchRecord
 from pysched.sim.faults import NodeFaults
+from pysched.sim.fence_tables import FencesAtTables
+from pysched.sim.invariants import Violation
 from pysched.sim.redis_clock import RedisOnWorldTime
 from pysched.sim.servers import NodeClients, StoreRows
 from pysched.stores.cassandra import CassandraScheduleStore
@@ -161,6 +163,7 @@ class TableServers:
         self.election = self.servers.election
         self.faults = TableFaults()
         self.servers.tables.fault_hook = self.faults
+        self.fences = FencesAtTables(self.servers.tables, self.servers.config.keyspace, self.election)
         self.retries_due: RetriesDue = {}
         self.found_behind: FoundBehind = {}
         self._redis_back_at_ms: int | None = None
@@ -192,6 +195,9 @@ class TableServers:
 
     def close(self) -> None:
         self._redis_time.restore()
+
+    def fence_violation(self) -> Violation | None:
+        return self.fences.violations[0] if self.fences.violations else None
 
     def running_holder(self, key: str) -> str | None:
         row = self._reader.execute("SELECT state, holder FROM claims WHERE idem_key = %s", (key,)).one()

@@ -191,15 +191,17 @@ def simulate(config: SimConfig) -> SimReport:
 
 
 def _run(world: World, end: int, report: SimReport) -> None:
-    """Round after round until ``end``, watching fences and leader keys as
-    the world goes; while the whole cluster is down, straight to its
-    return."""
+    """Round after round until ``end``, watching fences (as etcd issues
+    them and as the tables take them) and leader keys as the world goes;
+    while the whole cluster is down, straight to its return."""
     fences = FenceWatch()
     leaders = LeaderWatch()
     while world.clock.now_ms() < end:
         world.round()
-        violation = fences.check(world.cluster.election.grants()) or leaders.check(
-            world.cluster.broker, world.cluster.election
+        violation = (
+            fences.check(world.cluster.election.grants())
+            or leaders.check(world.cluster.broker, world.cluster.election)
+            or world.cluster.fence_violation()
         )
         if violation is not None:
             report.violations.append(violation)

@@ -16,6 +16,7 @@ from pysched.memory.dispatcher import Broker, MemoryDispatcher
 from pysched.memory.store import RunRow
 from pysched.protocols import IdempotencyClaims, MissedRuns, ScheduleStore
 from pysched.sim.faults import NodeFaults
+from pysched.sim.invariants import Violation
 
 # Which store a world's nodes run: the model, or the cluster's own over tables.
 StoreKind = Literal["model", "tables"]
@@ -84,6 +85,12 @@ class SimServers(Protocol):
         """The world is over: give back what it borrowed."""
         ...
 
+    def fence_violation(self) -> Violation | None:
+        """The first write seen at the tables under a superseded fence, or
+        lowering a stored one (fence_tables.py); None where the store is
+        the model, whose calls are not table writes."""
+        ...
+
 
 class ModelServers:
     """The hand-written model (pysched.memory): each call atomic."""
@@ -105,6 +112,9 @@ class ModelServers:
 
     def close(self) -> None:
         pass
+
+    def fence_violation(self) -> Violation | None:
+        return None
 
     def running_holder(self, key: str) -> str | None:
         return self.memory.claims.running_holder(key)

@@ -112,6 +112,15 @@ def tables_history_outage_world(seed: int) -> SimConfig:
     return tables_world(seed, flaky=0.3, history_outage=Outage(120, 60))
 
 
+def tables_recording_outage_world(seed: int) -> SimConfig:
+    """The leaders cannot record what they send for two and a half minutes,
+    five minutes in, on the cluster store: batches wait to be recorded
+    under fences that leadership moves past meanwhile (a pause, a crash, a
+    hand-over), and the store's fence check alone keeps them off the
+    successor's rows, as the tables see (fence_tables.py)."""
+    return tables_world(seed, recording_outage=RECORDING_OUTAGE)
+
+
 WORLD_KINDS: dict[str, Callable[[int], SimConfig]] = {
     "short": short_world,
     "flaky": flaky_world,
@@ -128,6 +137,7 @@ WORLD_KINDS: dict[str, Callable[[int], SimConfig]] = {
     "tables": tables_world,
     "tables-flaky": tables_flaky_world,
     "tables-history-outage": tables_history_outage_world,
+    "tables-recording-outage": tables_recording_outage_world,
 }
 
 

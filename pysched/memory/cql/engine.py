@@ -67,6 +67,22 @@ FaultHook = Callable[[TableCall], None]
 
 
 @dataclass(frozen=True, slots=True)
+class RowWritten:
+    """A write that landed on a watched column (CqlCluster.watch_writes):
+    which client made it, its statement's kind (``INSERT``, ``UPDATE``), the
+    row's key columns and values as they now read, and the value written."""
+
+    client: str
+    kind: str
+    key: dict[str, Any]
+    now: dict[str, Any]
+    written: Any
+
+
+WriteWatch = Callable[[RowWritten], None]
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedCql:
     cql: str
     statement: Statement
@@ -92,6 +108,14 @@ class CqlCluster:
         self.lock = threading.RLock()
         self._parsed: dict[str, PreparedCql] = {}
         self._names = itertools.count()
+        # table -> (column, watcher): who is told of each write to it.
+        self.watches: dict[str, tuple[str, WriteWatch]] = {}
+
+    def watch_writes(self, table: str, column: str, watch: WriteWatch) -> None:
+        """Tell ``watch`` of every write that sets ``column`` of ``table``
+        (keyspace.table), once it has landed: a checker's eye on the
+        tables, which the clients do not see."""
+        self.watches[table] = (column, watch)
 
     def client(self, clock: Clock, name: str | None = None, keyspace: str | None = None) -> MemoryTables:
         """A client writing with timestamps from ``clock`` (its node's)."""
@@ -256,6 +280,7 @@ class MemoryTables:
             for column, value in values.items():
                 table.check(column, value)
                 table.write_cell(part, row, column, (value, ts, expires))
+            self._tell(table, "INSERT", part, row, pk, values)
             return
         pk, ck = self._keys(table, st.where, params)
         expires = self._expiry(table, st.using.ttl, params)
@@ -270,6 +295,19 @@ class MemoryTables:
             else:
                 table.check(a.column, value)
                 table.write_cell(part, row, a.column, (value, ts, expires))
+        if table.name in self.cluster.watches:
+            self._tell(table, "UPDATE", part, row, pk, {a.column: value_of(a.term, params) for a in st.assignments})
+
+    def _tell(
+        self, table: Table, kind: str, part: Partition, row: Row, pk: tuple[Any, ...], set_: dict[str, Any]
+    ) -> None:
+        """The table's watcher, if it watches a column this write set."""
+        watched = self.cluster.watches.get(table.name)
+        if watched is None or watched[0] not in set_:
+            return
+        column, watch = watched
+        now = table.live_values(part, row, self.cluster.clock.now_ms()) or {}
+        watch(RowWritten(self.name, kind, key_values(table, pk, row.key), now, set_[column]))
 
     def _delete(self, table: Table, st: Delete, params: tuple[Any, ...], ts: int) -> None:
         pk_values = {r.column: value_of(r.term, params) for r in st.where if r.column in table.partition_key}
